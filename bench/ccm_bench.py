@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""pg_ccm benchmarks: figures, side by side in one run, on real PostgreSQL servers.
+
+    python3 bench/ccm_bench.py [--shared-buffers 4GB] [--only scan,filter,list,prewarm,overhead]
+
+Sections:
+  scan      hot-set scan speed (buffer headers per second) with shared_buffers full
+  filter    filter size per cached buffer at 1% false positives, and build speed
+  list      block-list bytes per block, clustered and scattered hot sets
+  prewarm   ccm_prewarm against pg_prewarm(rel, 'buffer') on the same cold relation, and a
+            scattered list against reading the same blocks one at a time
+  overhead  primary TPS under pgbench with and without a running ccm-agent
+
+"Cold" means: server restarted (empty shared_buffers) and the relation's files evicted
+from the OS page cache (sync + POSIX_FADV_DONTNEED via vmtouch -e).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from harness import block_list  # noqa: E402
+from harness.agent import AgentProcess  # noqa: E402
+from harness.cluster import Cluster, Node, PG_BIN, pgbench  # noqa: E402
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def timed(node: Node, query: str, params=None, repeat: int = 1) -> tuple[float, list]:
+    """Median wall time of a statement over `repeat` runs, and the last result."""
+    times, rows = [], []
+    with node.connect() as conn:
+        for _ in range(repeat):
+            started = time.perf_counter()
+            rows = conn.execute(query, params).fetchall()
+            times.append(time.perf_counter() - started)
+    return statistics.median(times), rows
+
+
+def relation_path(node: Node, table: str) -> Path:
+    return node.datadir / node.one("SELECT pg_relation_filepath(%s::regclass)", [table])
+
+
+def make_cold(node: Node) -> None:
+    node.restart()
+    node.drop_os_cache()
+
+
+def fill_table(node: Node, table: str, megabytes: int) -> int:
+    """A table of about `megabytes` MB (one 8 kB page holds 7 rows of 1 kB)."""
+    rows = megabytes * 128 * 7
+    node.sql(f"DROP TABLE IF EXISTS {table}")
+    node.sql(f"CREATE TABLE {table} AS SELECT g AS id, repeat('x', 1000) AS pad FROM generate_series(1, {rows}) g")
+    node.sql(f"VACUUM {table}")
+    return node.one(f"SELECT pg_relation_size('{table}') / 8192")
+
+
+def whole_relation_list(node: Node, table: str, blocks) -> bytes:
+    spc, db = node.sql(
+        "SELECT (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default')::int8, oid::int8 "
+        "FROM pg_database WHERE datname = current_database()"
+    )[0]
+    rel = node.one("SELECT pg_relation_filenode(%s::regclass)::int8", [table])
+    return block_list.encode([(spc, db, rel, 0, b, 5) for b in blocks])
+
+
+def bench_scan(node: Node, nbuffers: int) -> None:
+    say("## Hot-set scan speed")
+    fill = nbuffers * 8 // 1024
+    say(f"filling {fill} MB of shared_buffers ({nbuffers} buffers) ...")
+    fill_table(node, "scan_fill", fill)
+    node.sql("SELECT pg_prewarm('scan_fill', 'buffer')")
+    valid = node.one("SELECT count(*) FROM pg_buffercache WHERE relfilenode IS NOT NULL")
+    say(f"valid buffers: {valid} of {nbuffers}")
+    filter_all = node.one("SELECT ccm_buffer_filter(0.01)")
+    cases = [
+        ("nothing hot (threshold 4): header scan only", "SELECT length(ccm_hot_blocks(NULL, NULL, 4))", None),
+        ("everything hot, no filter: list of all buffers", "SELECT length(ccm_hot_blocks(NULL, NULL, 0))", None),
+        ("everything hot, standby has everything (filter)", "SELECT length(ccm_hot_blocks(%s, NULL, 0))", [filter_all]),
+    ]
+    say("| case | ms per scan | headers/s |")
+    say("|---|---:|---:|")
+    for label, query, params in cases:
+        seconds, _ = timed(node, query, params, repeat=9)
+        say(f"| {label} | {seconds * 1000:.1f} | {nbuffers / seconds / 1e6:.1f} M |")
+    say()
+
+
+def bench_filter(node: Node) -> None:
+    say("## Filter size and build speed")
+    say("| false-positive rate | cached buffers | filter bytes | bits per buffer | estimated fp | build ms | buffers/s |")
+    say("|---:|---:|---:|---:|---:|---:|---:|")
+    for rate in (0.01, 0.001):
+        seconds, rows = timed(node, "SELECT (ccm_filter_info(f)).* FROM ccm_buffer_filter(%s) f", [rate], repeat=5)
+        bits, hashes, items, fp, nbytes = rows[0]
+        say(f"| {rate} | {items} | {nbytes} | {nbytes * 8 / items:.2f} | {fp:.4f} | {seconds * 1000:.1f} | {items / seconds / 1e6:.1f} M |")
+    say()
+
+
+def bench_list(node: Node) -> None:
+    say("## Block-list size")
+    say("| hot set | blocks | bytes | bytes per block |")
+    say("|---|---:|---:|---:|")
+    clustered = node.one("SELECT ccm_hot_blocks(NULL, NULL, 0)")
+    info = node.sql("SELECT blocks, bytes FROM ccm_block_list_info(%s)", [clustered])[0]
+    say(f"| clustered (whole relations in shared_buffers) | {info[0]} | {info[1]} | {info[1] / max(info[0], 1):.3f} |")
+    blocks = node.one("SELECT pg_relation_size('scan_fill') / 8192")
+    rng = random.Random(1)
+    scattered = whole_relation_list(node, "scan_fill", sorted(rng.sample(range(blocks), min(100_000, blocks // 10))))
+    info = node.sql("SELECT blocks, bytes FROM ccm_block_list_info(%s)", [scattered])[0]
+    say(f"| scattered (10% of a {blocks * 8 // 1024} MB relation at random) | {info[0]} | {info[1]} | {info[1] / info[0]:.3f} |")
+    say()
+
+
+def bench_prewarm(node: Node, megabytes: int) -> None:
+    say("## Prewarm throughput (cold relation: restarted server, files evicted from the OS cache)")
+    blocks = fill_table(node, "prewarm_rel", megabytes)
+    node.sql("CHECKPOINT")
+    full_list = whole_relation_list(node, "prewarm_rel", range(blocks))
+    say("| method | blocks | seconds | MB/s | vs baseline |")
+    say("|---|---:|---:|---:|---:|")
+    make_cold(node)
+    base, _ = timed(node, "SELECT pg_prewarm('prewarm_rel', 'buffer')")
+    make_cold(node)
+    ours, rows = timed(node, "SELECT loaded FROM ccm_prewarm(%s)", [full_list])
+    assert rows[0][0] == blocks, rows
+    mb = blocks * 8 / 1024
+    say(f"| pg_prewarm(rel, 'buffer') | {blocks} | {base:.2f} | {mb / base:.0f} | 1.00 |")
+    say(f"| ccm_prewarm(whole relation) | {blocks} | {ours:.2f} | {mb / ours:.0f} | {base / ours:.2f} |")
+
+    rng = random.Random(2)
+    sample = sorted(rng.sample(range(blocks), min(20_000, blocks // 20)))
+    scattered = whole_relation_list(node, "prewarm_rel", sample)
+    make_cold(node)
+    one_by_one, _ = timed(
+        node,
+        "SELECT sum(pg_prewarm('prewarm_rel', 'buffer', 'main', b, b)) FROM unnest(%s::int8[]) b",
+        [sample],
+    )
+    make_cold(node)
+    ours, rows = timed(node, "SELECT loaded FROM ccm_prewarm(%s)", [scattered])
+    assert rows[0][0] == len(sample), rows
+    say(f"| pg_prewarm one block at a time, scattered | {len(sample)} | {one_by_one:.2f} | {len(sample) * 8 / 1024 / one_by_one:.0f} | 1.00 |")
+    say(f"| ccm_prewarm(scattered list) | {len(sample)} | {ours:.2f} | {len(sample) * 8 / 1024 / ours:.0f} | {one_by_one / ours:.2f} |")
+    say()
+
+
+def tps(node: Node, seconds: int, clients: int) -> float:
+    out = pgbench(node, "-b", "select-only", "-c", str(clients), "-j", "2", "-T", str(seconds), "-n", "-M", "prepared").stdout
+    for line in out.splitlines():
+        if line.startswith("tps = "):
+            return float(line.split()[2])
+    raise RuntimeError(out)
+
+
+def bench_overhead(cluster: Cluster, rounds: int, seconds: int, clients: int, log_dir: Path) -> None:
+    say("## Primary TPS with and without a running ccm-agent (pgbench select-only, interleaved rounds)")
+    pgbench(cluster.primary, "-i", "-s", "20", "-q")
+    cluster.wait_caught_up()
+    tps(cluster.primary, 10, clients)  # warm the primary
+    without, with_agent = [], []
+    for _ in range(rounds):
+        without.append(tps(cluster.primary, seconds, clients))
+        with AgentProcess(cluster.primary.conninfo(), cluster.standby.conninfo(), log_dir, interval="1s"):
+            with_agent.append(tps(cluster.primary, seconds, clients))
+    say("| run | TPS per round | median TPS |")
+    say("|---|---|---:|")
+    say(f"| without agent | {', '.join(f'{t:.0f}' for t in without)} | {statistics.median(without):.0f} |")
+    say(f"| with agent (1 s interval) | {', '.join(f'{t:.0f}' for t in with_agent)} | {statistics.median(with_agent):.0f} |")
+    change = statistics.median(with_agent) / statistics.median(without) - 1
+    say(f"\nTPS change with the agent: {change:+.2%}")
+    say()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shared-buffers", default="4GB")
+    parser.add_argument("--prewarm-mb", type=int, default=1024, help="size of the cold relation")
+    parser.add_argument("--only", default="scan,filter,list,prewarm,overhead")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=4)
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+
+    say(f"# pg_ccm benchmark — {time.strftime('%Y-%m-%d %H:%M')} — `{' '.join(sys.argv)}`")
+    say()
+    settings = {"shared_buffers": f"'{args.shared_buffers}'", "fsync": "on", "max_wal_size": "'8GB'"}
+    if only & {"scan", "filter", "list", "prewarm"}:
+        with Cluster(settings=settings) as cluster:
+            node = cluster.primary
+            # The node runs alone: no standby replaying these big loads.
+            cluster.standby.stop()
+            node.sql("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+            nbuffers = node.one("SELECT setting::int8 FROM pg_settings WHERE name = 'shared_buffers'")
+            if "scan" in only or "filter" in only or "list" in only:
+                bench_scan(node, nbuffers)
+            if "filter" in only:
+                bench_filter(node)
+            if "list" in only:
+                bench_list(node)
+            if "prewarm" in only:
+                bench_prewarm(node, args.prewarm_mb)
+    if "overhead" in only:
+        with Cluster(settings={"shared_buffers": "'512MB'"}) as cluster:
+            bench_overhead(cluster, args.rounds, args.seconds, args.clients, cluster.base)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+//! Configuration parameters (all under the reserved `ccm.` prefix).
+
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+/// `ccm.enabled`: the analog of Aurora's `apg_ccm_enabled`. When off, the CCM functions
+/// raise "Cluster Cache Manager is disabled" and the agent idles.
+pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+/// `ccm.usage_threshold`: a buffer is hot when its usage count is greater than this.
+pub static USAGE_THRESHOLD: GucSetting<i32> = GucSetting::<i32>::new(3);
+
+/// Largest useful threshold: BM_MAX_USAGE_COUNT is 5, so 4 still leaves a hot set.
+pub const MAX_USAGE_THRESHOLD: i32 = 4;
+
+pub fn init() {
+    GucRegistry::define_bool_guc(
+        c"ccm.enabled",
+        c"Enables cluster cache management.",
+        c"When off, aurora_ccm_status() and the block transfer functions raise an error and ccm-agent stops warming the standby.",
+        &ENABLED,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"ccm.usage_threshold",
+        c"Buffers whose usage count is greater than this are sent to the standby.",
+        c"The usage count is the clock-sweep counter of a buffer (0 to 5).",
+        &USAGE_THRESHOLD,
+        0,
+        MAX_USAGE_THRESHOLD,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"ccm".as_ptr()) };
+}

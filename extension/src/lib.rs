@@ -1,0 +1,85 @@
+//! pg_ccm: cluster cache management for PostgreSQL streaming replication.
+//!
+//! The primary reports which cached blocks are hot, the tier-0 standby reports what it
+//! caches, and ccm-agent moves the difference so that the standby's shared_buffers
+//! mirror the primary's hot set. This file only wires the modules together.
+
+use pgrx::prelude::*;
+
+mod block_list;
+mod buffers;
+mod catalog_oid;
+mod compat;
+mod errors;
+mod filter;
+mod gucs;
+mod hot_blocks;
+mod prewarm;
+mod shmem;
+mod status;
+
+#[cfg(any(test, feature = "pg_test"))]
+mod tests;
+
+::pgrx::pg_module_magic!(name, version);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pg_ccm must be loaded via shared_preload_libraries".into(),
+            None,
+            Some("Add pg_ccm to shared_preload_libraries in postgresql.conf on every node and restart the server."),
+        );
+    }
+    gucs::init();
+    shmem::init();
+}
+
+// Nothing is executable by PUBLIC. Status and inspection go to pg_monitor; the transfer
+// functions to ccm_agent, the group role of the agent's (non-superuser) login role.
+extension_sql!(
+    r#"
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'ccm_agent') THEN
+        CREATE ROLE ccm_agent NOLOGIN;
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION aurora_ccm_status() FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_filter_info(bytea) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_filter_contains(bytea, oid, oid, oid, int2, int8) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_block_list_info(bytea) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_unpack_block_list(bytea) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_hot_buffers(bytea, int4) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_buffer_filter(float8) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_hot_blocks(bytea, int8, int4) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_prewarm(bytea) FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION aurora_ccm_status() TO pg_monitor, ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_filter_info(bytea) TO pg_monitor, ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_filter_contains(bytea, oid, oid, oid, int2, int8) TO pg_monitor, ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_block_list_info(bytea) TO pg_monitor, ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_unpack_block_list(bytea) TO pg_monitor, ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_hot_buffers(bytea, int4) TO pg_monitor, ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_buffer_filter(float8) TO ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_hot_blocks(bytea, int8, int4) TO ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_prewarm(bytea) TO ccm_agent;
+"#,
+    name = "privileges",
+    finalize,
+);
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec!["shared_preload_libraries = 'pg_ccm'"]
+    }
+}

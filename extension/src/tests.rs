@@ -1,0 +1,338 @@
+//! SQL-level tests, run inside a real server by `cargo pgrx test`.
+//!
+//! Cross-node behaviour (a cold standby getting warm, replay dropping relations under
+//! a prewarm, failover) is covered by the integration tests in tests/.
+
+use pgrx::prelude::*;
+
+#[pg_schema]
+mod tests {
+    use ccm_codec::{encode_block_list, HotBlock, RelFork};
+    use pgrx::prelude::*;
+
+    fn one_i64(query: &str) -> i64 {
+        Spi::get_one::<i64>(query).expect("query failed").expect("NULL result")
+    }
+
+    fn bytes(query: &str) -> Vec<u8> {
+        Spi::get_one::<Vec<u8>>(query).expect("query failed").expect("NULL result")
+    }
+
+    /// A table whose pages stay in shared_buffers (dirty, 1000 rows) and its address.
+    fn cached_table(name: &str) -> (RelFork, u32) {
+        Spi::run(&format!(
+            "CREATE TABLE {name} AS SELECT g AS id, repeat('x', 200) AS pad FROM generate_series(1, 1000) g"
+        ))
+        .unwrap();
+        let spc = one_i64(&format!(
+            "SELECT CASE reltablespace WHEN 0 THEN (SELECT oid FROM pg_tablespace WHERE spcname = 'pg_default') ELSE reltablespace END::int8 FROM pg_class WHERE relname = '{name}'"
+        ));
+        let db = one_i64("SELECT oid::int8 FROM pg_database WHERE datname = current_database()");
+        let rel = one_i64(&format!("SELECT pg_relation_filenode('{name}')::int8"));
+        let blocks = one_i64(&format!("SELECT pg_relation_size('{name}') / 8192"));
+        (RelFork { spc: spc as u32, db: db as u32, rel: rel as u32, fork: 0 }, blocks as u32)
+    }
+
+    fn prewarm(list: Vec<u8>) -> (i64, i64, i64, i64) {
+        let row = Spi::connect(|client| {
+            let table = client
+                .select(
+                    "SELECT requested, loaded, already_cached, skipped FROM ccm_prewarm($1)",
+                    None,
+                    &[list.into()],
+                )
+                .unwrap();
+            let row = table.first();
+            (
+                row.get::<i64>(1).unwrap().unwrap(),
+                row.get::<i64>(2).unwrap().unwrap(),
+                row.get::<i64>(3).unwrap().unwrap(),
+                row.get::<i64>(4).unwrap().unwrap(),
+            )
+        });
+        row
+    }
+
+    fn list_of(rel: RelFork, blocks: impl IntoIterator<Item = u32>, usage: u8) -> Vec<u8> {
+        let mut hot: Vec<HotBlock> =
+            blocks.into_iter().map(|block| HotBlock { addr: rel.block(block), usage }).collect();
+        encode_block_list(&mut hot, 0, 0).unwrap()
+    }
+
+    fn set_sighup_guc(name: &std::ffi::CStr, value: &std::ffi::CStr) {
+        // What a reload of postgresql.conf does; a test cannot reload mid-transaction.
+        unsafe {
+            pg_sys::SetConfigOption(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SIGHUP,
+                pg_sys::GucSource::PGC_S_FILE,
+            )
+        };
+    }
+
+    #[pg_test]
+    fn status_reports_aurora_columns_and_the_last_scan() {
+        let list = bytes("SELECT ccm_hot_blocks(NULL, NULL, 0)");
+        let listed = one_i64(&format!(
+            "SELECT blocks FROM ccm_block_list_info('\\x{}'::bytea)",
+            hex(&list)
+        ));
+        let found = one_i64(&format!(
+            "SELECT hot_buffers_found FROM ccm_block_list_info('\\x{}'::bytea)",
+            hex(&list)
+        ));
+        assert!(listed > 0, "a running server has buffers with usage count > 0");
+        assert_eq!(listed, found, "without a filter every hot buffer is sent");
+        assert_eq!(one_i64("SELECT buffers_sent_last_scan FROM aurora_ccm_status()"), listed);
+        assert_eq!(one_i64("SELECT buffers_found_last_scan FROM aurora_ccm_status()"), found);
+        assert!(one_i64("SELECT buffers_sent_last_minute FROM aurora_ccm_status()") >= listed);
+        assert_eq!(
+            one_i64("SELECT current_scan_progress FROM aurora_ccm_status()"),
+            one_i64("SELECT setting::int8 FROM pg_settings WHERE name = 'shared_buffers'")
+        );
+        let result = Spi::get_one::<String>(
+            "SELECT pg_get_function_result('aurora_ccm_status()'::regprocedure)",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            result,
+            "TABLE(buffers_sent_last_minute bigint, buffers_found_last_minute bigint, \
+             buffers_sent_last_scan bigint, buffers_found_last_scan bigint, \
+             buffers_sent_current_scan bigint, buffers_found_current_scan bigint, \
+             current_scan_progress bigint)"
+        );
+    }
+
+    #[pg_test(error = "Cluster Cache Manager is disabled")]
+    fn status_with_ccm_disabled_is_aurora_error() {
+        set_sighup_guc(c"ccm.enabled", c"off");
+        Spi::run("SELECT * FROM aurora_ccm_status()").unwrap();
+    }
+
+    #[pg_test(error = "Cluster Cache Manager is disabled")]
+    fn hot_blocks_with_ccm_disabled_fails() {
+        set_sighup_guc(c"ccm.enabled", c"off");
+        Spi::run("SELECT ccm_hot_blocks()").unwrap();
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[pg_test]
+    fn filter_contains_every_cached_block_of_a_table() {
+        let (rel, blocks) = cached_table("filter_t");
+        assert!(blocks > 20);
+        let filter = bytes("SELECT ccm_buffer_filter()");
+        let filter_hex = hex(&filter);
+        let missing = one_i64(&format!(
+            "SELECT count(*) FROM generate_series(0, {}) b \
+             WHERE NOT ccm_filter_contains('\\x{filter_hex}'::bytea, {}, {}, {}, 0::int2, b)",
+            blocks - 1,
+            rel.spc,
+            rel.db,
+            rel.rel
+        ));
+        assert_eq!(missing, 0, "a bloom filter has no false negatives");
+        let (bits, hashes, items, fpr) = Spi::connect(|client| {
+            let table = client
+                .select(
+                    "SELECT bits, hashes, items, false_positive_rate FROM ccm_filter_info($1)",
+                    None,
+                    &[filter.clone().into()],
+                )
+                .unwrap();
+            let row = table.first();
+            (
+                row.get::<i64>(1).unwrap().unwrap(),
+                row.get::<i32>(2).unwrap().unwrap(),
+                row.get::<i64>(3).unwrap().unwrap(),
+                row.get::<f64>(4).unwrap().unwrap(),
+            )
+        });
+        assert!(items >= i64::from(blocks));
+        assert!(bits <= items * 10 + 64, "{bits} bits for {items} items");
+        assert_eq!(hashes, 7);
+        assert!(fpr > 0.0 && fpr < 0.02, "estimated false-positive rate {fpr}");
+    }
+
+    #[pg_test]
+    fn hot_blocks_skip_what_the_filter_holds() {
+        let (_rel, _blocks) = cached_table("hot_t");
+        let everything = one_i64("SELECT blocks FROM ccm_block_list_info(ccm_hot_blocks(NULL, NULL, 0))");
+        let missing = one_i64(
+            "SELECT blocks FROM ccm_block_list_info(ccm_hot_blocks(ccm_buffer_filter(0.001), NULL, 0))",
+        );
+        assert!(everything > 100, "{everything}");
+        // Only buffers loaded between the two scans, or false positives, may remain.
+        assert!(missing * 50 < everything, "{missing} of {everything} still sent");
+    }
+
+    #[pg_test]
+    fn hot_blocks_keep_the_hottest_when_capped() {
+        cached_table("cap_t");
+        // Usage counts only fall when the clock sweep runs, which an idle server with free
+        // buffers does not do, so the hottest blocks of the first scan are still hottest.
+        let all = hex(&bytes("SELECT ccm_hot_blocks(NULL, NULL, 0)"));
+        let top = one_i64(&format!("SELECT max(usagecount)::int8 FROM ccm_unpack_block_list('\\x{all}')"));
+        let at_top = one_i64(&format!(
+            "SELECT count(*) FROM ccm_unpack_block_list('\\x{all}') WHERE usagecount = {top}"
+        ));
+        assert!(at_top >= 5, "need 5 blocks at the top usage count, have {at_top}");
+        let capped = hex(&bytes("SELECT ccm_hot_blocks(NULL, 5, 0)"));
+        assert_eq!(one_i64(&format!("SELECT blocks FROM ccm_block_list_info('\\x{capped}')")), 5);
+        assert_eq!(
+            one_i64(&format!("SELECT min(usagecount)::int8 FROM ccm_unpack_block_list('\\x{capped}')")),
+            top
+        );
+        assert_eq!(one_i64("SELECT blocks FROM ccm_block_list_info(ccm_hot_blocks(NULL, 0, 0))"), 0);
+    }
+
+    #[pg_test]
+    fn unpacked_list_matches_hot_buffers() {
+        cached_table("unpack_t");
+        let unpacked = one_i64(
+            "SELECT count(*) FROM ccm_unpack_block_list(ccm_hot_blocks(NULL, NULL, 0)) u \
+             JOIN pg_class c ON c.relfilenode = u.relfilenode WHERE c.relname = 'unpack_t'",
+        );
+        let shown = one_i64(
+            "SELECT count(*) FROM ccm_hot_buffers(NULL, 0) h \
+             JOIN pg_class c ON c.relfilenode = h.relfilenode WHERE c.relname = 'unpack_t'",
+        );
+        assert!(unpacked > 20);
+        assert_eq!(unpacked, shown);
+    }
+
+    #[pg_test]
+    fn prewarm_counts_cached_and_skipped_blocks() {
+        let (rel, blocks) = cached_table("prewarm_t");
+        let (requested, loaded, cached, skipped) = prewarm(list_of(rel, 0..blocks, 5));
+        assert_eq!((requested, loaded, cached, skipped), (i64::from(blocks), 0, i64::from(blocks), 0));
+
+        // Past the end of the file.
+        let (requested, _, cached, skipped) = prewarm(list_of(rel, [0, blocks, blocks + 10], 4));
+        assert_eq!((requested, cached, skipped), (3, 1, 2));
+
+        // A relation that does not exist, and a database that does not exist.
+        let gone = RelFork { rel: 999_999_999, ..rel };
+        let nowhere = RelFork { db: 999_999_999, ..rel };
+        let mut hot = vec![
+            HotBlock { addr: gone.block(0), usage: 5 },
+            HotBlock { addr: nowhere.block(0), usage: 5 },
+            HotBlock { addr: rel.block(1), usage: 5 },
+        ];
+        let (requested, loaded, cached, skipped) = prewarm(encode_block_list(&mut hot, 0, 0).unwrap());
+        assert_eq!((requested, loaded, cached, skipped), (3, 0, 1, 2));
+    }
+
+    #[pg_test]
+    fn prewarm_raises_usage_counts_to_the_primarys() {
+        let (rel, blocks) = cached_table("usage_t");
+        prewarm(list_of(rel, 0..blocks, 5));
+        Spi::run("CREATE EXTENSION IF NOT EXISTS pg_buffercache").unwrap();
+        let below = one_i64(&format!(
+            "SELECT count(*) FROM pg_buffercache WHERE relfilenode = {} AND usagecount < 5",
+            rel.rel
+        ));
+        assert_eq!(below, 0);
+    }
+
+    #[pg_test]
+    fn prewarm_of_an_empty_list_does_nothing() {
+        assert_eq!(prewarm(encode_block_list(&mut Vec::new(), 0, 0).unwrap()), (0, 0, 0, 0));
+    }
+
+    #[pg_test(error = "invalid pg_ccm block list")]
+    fn prewarm_rejects_a_truncated_list() {
+        let (rel, _) = cached_table("trunc_t");
+        let mut list = list_of(rel, 0..10, 5);
+        list.truncate(list.len() - 1);
+        prewarm(list);
+    }
+
+    #[pg_test(error = "invalid pg_ccm block list")]
+    fn prewarm_rejects_a_filter() {
+        let filter = bytes("SELECT ccm_buffer_filter()");
+        prewarm(filter);
+    }
+
+    #[pg_test(error = "invalid pg_ccm filter")]
+    fn hot_blocks_reject_a_corrupt_filter() {
+        let mut filter = bytes("SELECT ccm_buffer_filter()");
+        filter[4] = 99; // version
+        Spi::connect(|client| {
+            client.select("SELECT ccm_hot_blocks($1)", None, &[filter.into()]).map(|_| ())
+        })
+        .unwrap();
+    }
+
+    #[pg_test(error = "invalid pg_ccm filter")]
+    fn filter_info_rejects_garbage() {
+        Spi::run("SELECT * FROM ccm_filter_info('\\x00010203'::bytea)").unwrap();
+    }
+
+    #[pg_test(error = "invalid false_positive_rate: 0")]
+    fn filter_rejects_a_zero_false_positive_rate() {
+        Spi::run("SELECT ccm_buffer_filter(0)").unwrap();
+    }
+
+    #[pg_test(error = "invalid fork number: 9")]
+    fn filter_contains_rejects_a_bad_fork() {
+        Spi::run("SELECT ccm_filter_contains(ccm_buffer_filter(), 1663, 1, 1, 9::int2, 0)").unwrap();
+    }
+
+    #[pg_test(error = "invalid max_blocks: -1")]
+    fn hot_blocks_reject_a_negative_cap() {
+        Spi::run("SELECT ccm_hot_blocks(NULL, -1)").unwrap();
+    }
+
+    #[pg_test(error = "invalid usage_threshold: 9")]
+    fn hot_blocks_reject_a_bad_threshold() {
+        Spi::run("SELECT ccm_hot_blocks(NULL, NULL, 9)").unwrap();
+    }
+
+    #[pg_test(error = "permission denied for function ccm_prewarm")]
+    fn public_cannot_prewarm() {
+        Spi::run("CREATE ROLE ccm_test_nobody").unwrap();
+        Spi::run("SET ROLE ccm_test_nobody").unwrap();
+        Spi::run("SELECT * FROM ccm_prewarm(NULL)").unwrap();
+    }
+
+    #[pg_test(error = "permission denied for function aurora_ccm_status")]
+    fn public_cannot_read_status() {
+        Spi::run("CREATE ROLE ccm_test_public").unwrap();
+        Spi::run("SET ROLE ccm_test_public").unwrap();
+        Spi::run("SELECT * FROM aurora_ccm_status()").unwrap();
+    }
+
+    #[pg_test]
+    fn monitor_and_agent_roles_get_their_functions() {
+        Spi::run("CREATE ROLE ccm_test_monitor IN ROLE pg_monitor").unwrap();
+        Spi::run("CREATE ROLE ccm_test_agent IN ROLE ccm_agent").unwrap();
+        let allowed = |role: &str, function: &str| {
+            Spi::get_one::<bool>(&format!(
+                "SELECT has_function_privilege('{role}', '{function}', 'EXECUTE')"
+            ))
+            .unwrap()
+            .unwrap()
+        };
+        assert!(allowed("ccm_test_monitor", "aurora_ccm_status()"));
+        assert!(allowed("ccm_test_monitor", "ccm_hot_buffers(bytea, int4)"));
+        assert!(!allowed("ccm_test_monitor", "ccm_prewarm(bytea)"));
+        assert!(!allowed("ccm_test_monitor", "ccm_hot_blocks(bytea, int8, int4)"));
+        for function in [
+            "ccm_buffer_filter(float8)",
+            "ccm_hot_blocks(bytea, int8, int4)",
+            "ccm_prewarm(bytea)",
+            "aurora_ccm_status()",
+        ] {
+            assert!(allowed("ccm_test_agent", function), "{function}");
+        }
+        let superuser = Spi::get_one::<bool>(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = 'ccm_agent'",
+        );
+        assert_eq!(superuser, Ok(Some(false)));
+    }
+}

@@ -1,0 +1,6 @@
+"""Makes the harness importable as `harness` from every test directory."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))

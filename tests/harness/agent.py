@@ -1,0 +1,127 @@
+"""Runs ccm-agent as a real process and reads its Prometheus metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .cluster import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT_BIN = Path(os.environ.get("CCM_AGENT_BIN", ROOT / "target" / "release" / "ccm-agent"))
+
+
+def agent_command(*args: str) -> list[str]:
+    return [str(AGENT_BIN), *args]
+
+
+def run_agent(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Runs a one-shot agent command (sync --once, status, check-config)."""
+    return subprocess.run(
+        agent_command(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def run_agent_json(*args: str, timeout: float = 120) -> dict[str, Any]:
+    result = run_agent(*args, "--output", "json", timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"ccm-agent {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+class AgentProcess:
+    """`ccm-agent run` in the background, with its log in a file."""
+
+    def __init__(self, primary: str, standby: str, log_dir: Path, interval: str = "200ms", extra: list[str] | None = None):
+        self.metrics_port = free_port()
+        self.log_path = Path(log_dir) / f"ccm-agent-{self.metrics_port}.log"
+        self.args = [
+            "run",
+            "--primary", primary,
+            "--standby", standby,
+            "--interval", interval,
+            "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+            "--max-backoff", "2s",
+            "--log-level", "info,ccm_agent=debug",
+            *(extra or []),
+        ]
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "AgentProcess":
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(agent_command(*self.args), stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.metrics()
+                return self
+            except OSError:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"ccm-agent exited with {self.process.returncode}:\n{self.log()}")
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+    def __enter__(self) -> "AgentProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def metrics(self) -> dict[str, float]:
+        """Parses /metrics into {'name{labels}': value}."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.rpartition(" ")
+            try:
+                values[name] = float(value)
+            except ValueError:
+                continue
+        return values
+
+    def metric(self, name: str, default: float = 0.0) -> float:
+        """A metric's value, summed over its label sets (and _total suffixes)."""
+        found = [v for k, v in self.metrics().items() if k == name or k.startswith(name + "{")]
+        return sum(found) if found else default
+
+    def wait_for(self, predicate, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if not self.alive():
+                raise RuntimeError(f"ccm-agent died while waiting for {what}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}; agent log:\n{self.log()[-4000:]}")
+            time.sleep(0.2)

@@ -1,0 +1,327 @@
+"""A local primary and streaming standby on loopback ports, for tests, benchmarks and the demo.
+
+Real PostgreSQL 15 servers from the system installation, started as the unprivileged
+``postgres`` OS user when we run as root (PostgreSQL refuses to run as root). Every node
+lives in its own directory under one base directory, listens on 127.0.0.1 and keeps its
+Unix socket in the base directory.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import psycopg
+
+PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
+OS_USER = "postgres"
+
+# Settings every node gets; callers add or override per cluster.
+BASE_SETTINGS: dict[str, Any] = {
+    "listen_addresses": "'127.0.0.1'",
+    "shared_preload_libraries": "'pg_ccm'",
+    "shared_buffers": "'128MB'",
+    "wal_level": "replica",
+    "max_wal_senders": 10,
+    "max_replication_slots": 10,
+    "hot_standby": "on",
+    "hot_standby_feedback": "on",
+    "wal_log_hints": "on",  # pg_rewind
+    "fsync": "off",  # tests and demos measure reads, not durability
+    "synchronous_commit": "off",
+    "max_connections": 100,
+    "log_min_messages": "warning",
+    "log_line_prefix": "'%m [%p] %q%a '",
+}
+
+
+def _running_as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _as_postgres(argv: Sequence[str]) -> list[str]:
+    return ["runuser", "-u", OS_USER, "--", *argv] if _running_as_root() else list(argv)
+
+
+def run_pg(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+    """Runs a PostgreSQL program as the unprivileged user; raises with its output on failure."""
+    kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    result = subprocess.run(_as_postgres(argv), **kwargs)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(argv)} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+def _chown_to_postgres(path: Path) -> None:
+    if _running_as_root():
+        entry = pwd.getpwnam(OS_USER)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it holds nothing.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Node:
+    """One PostgreSQL server."""
+
+    name: str
+    port: int
+    base: Path
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def datadir(self) -> Path:
+        return self.base / self.name
+
+    @property
+    def logfile(self) -> Path:
+        return self.base / f"{self.name}.log"
+
+    def conninfo(self, dbname: str = "postgres", user: str = "postgres", **extra: Any) -> str:
+        parts = {"host": "127.0.0.1", "port": self.port, "dbname": dbname, "user": user, **extra}
+        return " ".join(f"{key}={value}" for key, value in parts.items())
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def write_settings(self, settings: dict[str, Any]) -> None:
+        lines = [f"{key} = {value}" for key, value in settings.items()]
+        with open(self.datadir / "postgresql.conf", "a") as conf:
+            conf.write("\n# pg_ccm harness\n" + "\n".join(lines) + "\n")
+
+    def start(self, wait: bool = True) -> None:
+        argv = [str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w" if wait else "-W", "-t", "120", "start"]
+        run_pg(argv)
+        if wait:
+            self.wait_ready()
+
+    def stop(self, mode: str = "fast") -> None:
+        if self.is_running():
+            run_pg([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "-t", "120", "stop"])
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def postmaster_pid(self) -> int | None:
+        try:
+            return int((self.datadir / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def is_running(self) -> bool:
+        pid = self.postmaster_pid()
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster, as a crash would, and wait until its children are gone
+        (they notice the postmaster's death on their own, as after a real crash)."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return
+        listed = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+        processes = [pid, *(int(child) for child in listed.split())]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p) for p in processes):
+            time.sleep(0.1)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with self.connect(connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def promote(self) -> None:
+        run_pg([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-w", "-t", "120", "promote"])
+        self.wait_until(lambda: not self.in_recovery(), "promotion")
+
+    # -- SQL -------------------------------------------------------------------------
+
+    def connect(self, dbname: str = "postgres", user: str = "postgres", **kwargs: Any) -> psycopg.Connection:
+        kwargs.setdefault("autocommit", True)
+        return psycopg.connect(self.conninfo(dbname=dbname, user=user), **kwargs)
+
+    def sql(self, query: str, params: Sequence[Any] | None = None, dbname: str = "postgres") -> list[tuple]:
+        with self.connect(dbname=dbname) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    def one(self, query: str, params: Sequence[Any] | None = None, dbname: str = "postgres") -> Any:
+        rows = self.sql(query, params, dbname=dbname)
+        return rows[0][0] if rows else None
+
+    def in_recovery(self) -> bool:
+        return bool(self.one("SELECT pg_is_in_recovery()"))
+
+    def wait_until(self, predicate, what: str, timeout: float = 60, interval: float = 0.1) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: timed out waiting for {what}")
+            time.sleep(interval)
+
+    # -- caches ----------------------------------------------------------------------
+
+    def cached_blocks(self, min_usage: int = 0) -> set[tuple[int, int, int, int, int]]:
+        """Buffer tags in shared_buffers (pg_buffercache), with usage count >= min_usage."""
+        rows = self.sql(
+            "SELECT reltablespace::int8, reldatabase::int8, relfilenode::int8, relforknumber, relblocknumber "
+            "FROM pg_buffercache WHERE relfilenode IS NOT NULL AND usagecount >= %s",
+            [min_usage],
+        )
+        return set(rows)
+
+    def drop_os_cache(self) -> None:
+        """Evicts the node's data files from the OS page cache, as if it ran on its own host."""
+        subprocess.run(["sync"], check=True)
+        subprocess.run(["vmtouch", "-q", "-e", str(self.datadir)], check=True)
+
+
+def coverage(primary: Node, standby: Node, threshold: int = 3) -> tuple[float, int]:
+    """Fraction of the primary's hot buffers (usage count > threshold) cached on the standby,
+    measured with pg_buffercache on both nodes, and the hot set's size."""
+    hot = primary.cached_blocks(min_usage=threshold + 1)
+    if not hot:
+        return 1.0, 0
+    cached = standby.cached_blocks()
+    return len(hot & cached) / len(hot), len(hot)
+
+
+class Cluster:
+    """A primary and a streaming standby (tier-0) built from it with pg_basebackup."""
+
+    def __init__(self, settings: dict[str, Any] | None = None, base: Path | None = None, keep: bool = False):
+        self.base = Path(base or tempfile.mkdtemp(prefix="pg_ccm-"))
+        self.base.mkdir(parents=True, exist_ok=True)
+        _chown_to_postgres(self.base)
+        os.chmod(self.base, 0o755)
+        self.settings = {**BASE_SETTINGS, "unix_socket_directories": f"'{self.base}'", **(settings or {})}
+        self.keep = keep
+        self.primary = Node("primary", free_port(), self.base)
+        self.standby = Node("standby", free_port(), self.base)
+
+    def __enter__(self) -> "Cluster":
+        try:
+            self.create()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def create(self, extensions: Iterable[str] = ("pg_ccm", "pg_buffercache")) -> None:
+        self.init_primary(self.primary)
+        self.primary.start()
+        for extension in extensions:
+            self.primary.sql(f"CREATE EXTENSION IF NOT EXISTS {extension}")
+        self.clone_standby(self.standby, self.primary)
+        self.standby.start()
+        self.wait_caught_up()
+
+    def init_primary(self, node: Node) -> None:
+        run_pg([str(PG_BIN / "initdb"), "-D", str(node.datadir), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+        with open(node.datadir / "pg_hba.conf", "a") as hba:
+            hba.write("host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n")
+        node.write_settings({**self.settings, "port": node.port})
+
+    def clone_standby(self, node: Node, source: Node) -> None:
+        run_pg([str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(source.port), "-U", "postgres", "-D", str(node.datadir), "-R", "-X", "stream", "-c", "fast", "--no-sync"])
+        node.write_settings({"port": node.port})
+
+    def wait_caught_up(self, timeout: float = 120) -> None:
+        """Waits until the standby has replayed everything the primary has written so far."""
+        target = self.primary.one("SELECT pg_current_wal_lsn()::text")
+        self.standby.wait_until(
+            lambda: self.standby.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [target]),
+            f"replay of {target}",
+            timeout=timeout,
+        )
+
+    def make_standby_cold(self) -> None:
+        """Restarts the standby with an empty cache.
+
+        A restarted standby replays from its last restartpoint and caches what it replays,
+        so first make that restartpoint current: CHECKPOINT on the primary, wait for the
+        standby to replay it, CHECKPOINT on the standby (a restartpoint), then restart.
+        """
+        self.primary.sql("CHECKPOINT")
+        self.wait_caught_up()
+        self.standby.sql("CHECKPOINT")
+        self.standby.stop()
+        self.standby.drop_os_cache()
+        self.standby.start()
+        self.wait_caught_up()
+
+    def rejoin_as_standby(self, old_primary: Node, new_primary: Node) -> None:
+        """pg_rewind the stopped old primary onto the new one and start it as its standby."""
+        if old_primary.is_running():
+            old_primary.stop("immediate")
+        run_pg([str(PG_BIN / "pg_rewind"), "-D", str(old_primary.datadir), f"--source-server={new_primary.conninfo()}"])
+        (old_primary.datadir / "standby.signal").touch()
+        _chown_to_postgres(old_primary.datadir / "standby.signal")
+        with open(old_primary.datadir / "postgresql.auto.conf", "a") as conf:
+            conf.write(f"primary_conninfo = 'host=127.0.0.1 port={new_primary.port} user=postgres'\n")
+        old_primary.start()
+
+    def destroy(self) -> None:
+        for node in (self.standby, self.primary):
+            try:
+                node.stop("immediate")
+            except Exception:
+                pass
+        if not self.keep:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+def pgbench(node: Node, *args: str, dbname: str = "postgres", check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess:
+    """Runs pgbench against a node (as any user: it is only a client)."""
+    argv = [str(PG_BIN / "pgbench"), "-h", "127.0.0.1", "-p", str(node.port), "-U", "postgres", *args, dbname]
+    kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    result = subprocess.run(argv, **kwargs)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"pgbench {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result

@@ -1,0 +1,94 @@
+"""The CCM loop end to end: a real primary, a real streaming standby, the real agent.
+
+Warmth is measured with pg_buffercache on both nodes, not with our own counters.
+"""
+
+from __future__ import annotations
+
+import time
+
+from harness.agent import AgentProcess, run_agent_json
+from harness.cluster import coverage
+
+
+def warm_primary(load_factory, cluster, seconds: float = 4.0):
+    """Starts a read load on the primary and lets its hot set form."""
+    load = load_factory(cluster.primary, seconds=600)
+    time.sleep(seconds)
+    return load
+
+
+def wait_for_coverage(cluster, target: float, timeout: float) -> tuple[float, float, int]:
+    """Polls pg_buffercache on both nodes; returns (coverage, seconds taken, hot set size)."""
+    started = time.monotonic()
+    while True:
+        fraction, hot = coverage(cluster.primary, cluster.standby)
+        elapsed = time.monotonic() - started
+        if fraction >= target or elapsed > timeout:
+            return fraction, elapsed, hot
+        time.sleep(0.25)
+
+
+def test_standby_holds_the_primarys_hot_set_within_ten_seconds(cluster, load_factory, log_dir):
+    cluster.make_standby_cold()
+    warm_primary(load_factory, cluster)
+    before, hot = coverage(cluster.primary, cluster.standby)
+    assert hot > 500, f"the read load should make a hot set, got {hot} buffers"
+    assert before < 0.5, f"the standby should start cold, coverage {before:.1%}"
+
+    with AgentProcess(cluster.primary.conninfo(), cluster.standby.conninfo(), log_dir, interval="500ms") as agent:
+        fraction, elapsed, hot = wait_for_coverage(cluster, 0.99, timeout=10)
+        assert fraction >= 0.99, f"coverage {fraction:.2%} of {hot} hot buffers after {elapsed:.1f}s\n{agent.log()[-3000:]}"
+        assert agent.metric("ccm_agent_blocks_loaded_total") > 0
+        assert 0.9 <= agent.metric("ccm_agent_coverage_ratio") <= 1.0
+
+    # The standby got the primary's usage counts, not the 1 a plain read leaves.
+    hot_on_primary = cluster.primary.cached_blocks(min_usage=4)
+    hot_on_standby = cluster.standby.cached_blocks(min_usage=4)
+    assert len(hot_on_primary & hot_on_standby) >= 0.9 * len(hot_on_primary)
+
+
+def test_status_counters_agree_with_what_the_standby_received(cluster, load_factory):
+    cluster.make_standby_cold()
+    load = warm_primary(load_factory, cluster)
+    load.stop()  # a still hot set, so that one sync has a definite answer
+
+    result = run_agent_json("sync", "--once", "--primary", cluster.primary.conninfo(), "--standby", cluster.standby.conninfo())
+    assert result["sent"] > 500
+    # Every block sent was accounted for by the standby.
+    assert result["loaded"] + result["already_cached"] + result["skipped"] == result["sent"]
+    assert result["loaded"] > 0.9 * result["sent"]
+
+    status = cluster.primary.sql("SELECT * FROM aurora_ccm_status()")[0]
+    columns = [c.name for c in cluster.primary.connect().execute("SELECT * FROM aurora_ccm_status()").description]
+    row = dict(zip(columns, status))
+    assert columns == [
+        "buffers_sent_last_minute", "buffers_found_last_minute",
+        "buffers_sent_last_scan", "buffers_found_last_scan",
+        "buffers_sent_current_scan", "buffers_found_current_scan",
+        "current_scan_progress",
+    ]
+    # This cluster was born less than a minute ago and only this sync scanned it.
+    assert row["buffers_sent_last_minute"] == result["sent"]
+    assert row["buffers_found_last_scan"] == result["hot_buffers"]
+    assert row["current_scan_progress"] == cluster.primary.one("SELECT setting::int8 FROM pg_settings WHERE name = 'shared_buffers'")
+
+    fraction, hot = coverage(cluster.primary, cluster.standby)
+    assert fraction >= 0.99, f"coverage {fraction:.2%} of {hot} after sync --once"
+
+
+def test_agent_runs_as_a_non_superuser(cluster, load_factory):
+    cluster.primary.sql("CREATE ROLE ccm LOGIN IN ROLE ccm_agent, pg_monitor")
+    cluster.wait_caught_up()
+    cluster.make_standby_cold()
+    warm_primary(load_factory, cluster).stop()
+    result = run_agent_json(
+        "sync", "--once",
+        "--primary", cluster.primary.conninfo(user="ccm"),
+        "--standby", cluster.standby.conninfo(user="ccm"),
+    )
+    assert result["loaded"] > 500
+    status = run_agent_json("status", "--primary", cluster.primary.conninfo(user="ccm"), "--standby", cluster.standby.conninfo(user="ccm"))
+    assert status["primary"]["role"] == "primary"
+    assert status["standby"]["role"] == "standby"
+    assert status["coverage"] >= 0.99
