@@ -4,8 +4,8 @@
 pub const MAX_FORK: u8 = 3;
 /// MaxBlockNumber; 0xFFFFFFFF is InvalidBlockNumber.
 pub const MAX_BLOCK: u32 = 0xFFFF_FFFE;
-/// Largest usage count the block-list format can carry (PostgreSQL's maximum is 5).
-pub const MAX_USAGE: u8 = 15;
+/// Largest usage count a block list may carry: PostgreSQL's BM_MAX_USAGE_COUNT.
+pub const MAX_USAGE: u8 = 5;
 
 /// One relation fork: tablespace, database, relfilenode, fork.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
