@@ -89,8 +89,8 @@ def test_unlogged_and_vanished_relations_are_skipped_on_the_standby(cluster):
     assert skipped == 17
 
 
-def test_create_extension_without_preloading_explains_what_to_do(tmp_path):
-    cluster = Cluster(settings={"shared_preload_libraries": "''"}, base=tmp_path / "nopreload")
+def test_create_extension_without_preloading_explains_what_to_do():
+    cluster = Cluster(settings={"shared_preload_libraries": "''"})
     try:
         node = cluster.primary
         cluster.init_primary(node)
