@@ -3,7 +3,8 @@
 //!
 //! `ccm_hot_blocks()` scans every buffer header once, keeps WAL-logged pages whose usage
 //! count is above `ccm.usage_threshold`, drops those the standby's filter says it has,
-//! keeps the hottest `max_blocks` if asked to, and returns them as a packed block list.
+//! and returns them as a packed block list; with `max_blocks`, only those among the
+//! `max_blocks` hottest blocks of the whole hot set.
 //! It is the scan `aurora_ccm_status()` reports on. `ccm_hot_buffers()` shows the same
 //! set as rows and leaves the counters alone.
 
@@ -20,12 +21,39 @@ use crate::shmem::{self, ScanCounts};
 /// Buffers visited between two progress reports to shared memory.
 const PROGRESS_INTERVAL: usize = 16384;
 
+/// A hot buffer found by a scan, and whether the standby's filter says it has it.
+#[derive(Clone, Copy)]
+struct Candidate {
+    block: HotBlock,
+    on_standby: bool,
+}
+
 /// Outcome of one scan.
 struct HotSet {
-    /// Hot blocks the filter lacks, at most `max_blocks`, hottest kept.
-    blocks: Vec<HotBlock>,
-    counts: ScanCounts,
+    candidates: Vec<Candidate>,
+    found: u64,
     visited: u64,
+}
+
+impl HotSet {
+    /// The blocks to send: of the `limit` hottest, those the standby lacks.
+    ///
+    /// The cap picks from the whole hot set, not from what is missing, so that a standby
+    /// too small for the hot set converges on holding its hottest part instead of trading
+    /// blocks back and forth every cycle. Ties go to the lower address, so the choice is
+    /// the same from one scan to the next.
+    fn to_send(mut self, limit: usize) -> Vec<HotBlock> {
+        if self.candidates.len() > limit {
+            let order = |a: &Candidate, b: &Candidate| {
+                b.block.usage.cmp(&a.block.usage).then(a.block.addr.cmp(&b.block.addr))
+            };
+            if limit > 0 {
+                self.candidates.select_nth_unstable_by(limit - 1, order);
+            }
+            self.candidates.truncate(limit);
+        }
+        self.candidates.into_iter().filter(|c| !c.on_standby).map(|c| c.block).collect()
+    }
 }
 
 fn resolve_threshold(usage_threshold: Option<i32>) -> u8 {
@@ -50,17 +78,17 @@ fn resolve_max_blocks(max_blocks: Option<i64>) -> usize {
     }
 }
 
-/// Scans shared_buffers for hot, permanent blocks the filter does not contain.
+/// Scans shared_buffers for hot, permanent blocks, noting which ones the filter contains.
 /// `report` publishes progress to aurora_ccm_status().
 fn scan_hot_set(filter: Option<&FilterView<'_>>, threshold: u8, report: bool) -> HotSet {
     let count = buffers::buffer_count();
-    let mut counts = ScanCounts::default();
-    let mut blocks = Vec::new();
+    let mut progress = ScanCounts::default();
+    let mut candidates = Vec::new();
     for index in 0..count {
         if index % PROGRESS_INTERVAL == 0 && index > 0 {
             pg_sys::check_for_interrupts!();
             if report {
-                shmem::scan_progress(counts, index as u64);
+                shmem::scan_progress(progress, index as u64);
             }
         }
         let Some(buffer) = buffers::read_header(index) else { continue };
@@ -68,24 +96,15 @@ fn scan_hot_set(filter: Option<&FilterView<'_>>, threshold: u8, report: bool) ->
         if buffer.usage <= threshold || !buffer.permanent || buffer.address.fork > MAX_FORK {
             continue;
         }
-        counts.found += 1;
-        if filter.is_some_and(|filter| filter.contains(&buffer.address)) {
-            continue;
-        }
-        counts.sent += 1;
-        blocks.push(HotBlock { addr: buffer.address, usage: buffer.usage });
+        let on_standby = filter.is_some_and(|filter| filter.contains(&buffer.address));
+        progress.found += 1;
+        progress.sent += u64::from(!on_standby);
+        candidates.push(Candidate {
+            block: HotBlock { addr: buffer.address, usage: buffer.usage },
+            on_standby,
+        });
     }
-    HotSet { blocks, counts, visited: count as u64 }
-}
-
-/// Keeps the `limit` hottest blocks.
-fn keep_hottest(blocks: &mut Vec<HotBlock>, limit: usize) {
-    if blocks.len() > limit {
-        if limit > 0 {
-            blocks.select_nth_unstable_by(limit - 1, |a, b| b.usage.cmp(&a.usage));
-        }
-        blocks.truncate(limit);
-    }
+    HotSet { candidates, found: progress.found, visited: count as u64 }
 }
 
 /// Packed list of the hot blocks (usage count above the threshold) that `filter` lacks.
@@ -101,12 +120,12 @@ fn ccm_hot_blocks(
     let limit = resolve_max_blocks(max_blocks);
 
     shmem::scan_started();
-    let mut hot = scan_hot_set(view.as_ref(), threshold, true);
-    keep_hottest(&mut hot.blocks, limit);
-    hot.counts.sent = hot.blocks.len() as u64;
-    shmem::scan_finished(hot.counts, hot.visited);
+    let hot = scan_hot_set(view.as_ref(), threshold, true);
+    let (found, visited) = (hot.found, hot.visited);
+    let mut blocks = hot.to_send(limit);
+    shmem::scan_finished(ScanCounts { sent: blocks.len() as u64, found }, visited);
 
-    encode_block_list(&mut hot.blocks, hot.counts.found, hot.visited)
+    encode_block_list(&mut blocks, found, visited)
         .expect("blocks from buffer headers are valid list entries")
 }
 
@@ -129,9 +148,9 @@ fn ccm_hot_buffers(
 > {
     let view = filter.map(parse_filter);
     let threshold = resolve_threshold(usage_threshold);
-    let mut hot = scan_hot_set(view.as_ref(), threshold, false);
-    hot.blocks.sort_unstable_by_key(|block| block.addr);
-    TableIterator::new(hot.blocks.into_iter().map(|block| {
+    let mut blocks = scan_hot_set(view.as_ref(), threshold, false).to_send(usize::MAX);
+    blocks.sort_unstable_by_key(|block| block.addr);
+    TableIterator::new(blocks.into_iter().map(|block| {
         (
             CatalogOid(block.addr.spc),
             CatalogOid(block.addr.db),

@@ -231,12 +231,19 @@ def coverage(primary: Node, standby: Node, threshold: int = 3) -> tuple[float, i
 class Cluster:
     """A primary and a streaming standby (tier-0) built from it with pg_basebackup."""
 
-    def __init__(self, settings: dict[str, Any] | None = None, base: Path | None = None, keep: bool = False):
+    def __init__(
+        self,
+        settings: dict[str, Any] | None = None,
+        base: Path | None = None,
+        keep: bool = False,
+        standby_settings: dict[str, Any] | None = None,
+    ):
         self.base = Path(base or tempfile.mkdtemp(prefix="pg_ccm-"))
         self.base.mkdir(parents=True, exist_ok=True)
         _chown_to_postgres(self.base)
         os.chmod(self.base, 0o755)
         self.settings = {**BASE_SETTINGS, "unix_socket_directories": f"'{self.base}'", **(settings or {})}
+        self.standby_settings = standby_settings or {}
         self.keep = keep
         self.primary = Node("primary", free_port(), self.base)
         self.standby = Node("standby", free_port(), self.base)
@@ -269,7 +276,7 @@ class Cluster:
 
     def clone_standby(self, node: Node, source: Node) -> None:
         run_pg([str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(source.port), "-U", "postgres", "-D", str(node.datadir), "-R", "-X", "stream", "-c", "fast", "--no-sync"])
-        node.write_settings({"port": node.port})
+        node.write_settings({**self.standby_settings, "port": node.port})
 
     def wait_caught_up(self, timeout: float = 120) -> None:
         """Waits until the standby has replayed everything the primary has written so far."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from harness.agent import AgentProcess, run_agent_json
-from harness.cluster import coverage
+from harness.cluster import Cluster, coverage
 
 
 def warm_primary(load_factory, cluster, seconds: float = 4.0):
@@ -92,3 +92,30 @@ def test_agent_runs_as_a_non_superuser(cluster, load_factory):
     assert status["primary"]["role"] == "primary"
     assert status["standby"]["role"] == "standby"
     assert status["coverage"] >= 0.99
+
+
+def test_hottest_blocks_win_when_the_standby_is_smaller(log_dir):
+    # Standby: 64 MB = 8192 buffers. Primary: two 40 MB tables, one at usage count 5 and
+    # one at 4, together more than the standby holds.
+    with Cluster(settings={"shared_buffers": "'256MB'"}, standby_settings={"shared_buffers": "'64MB'"}) as cluster:
+        primary = cluster.primary
+        for table in ("hot5", "hot4"):
+            primary.sql(f"CREATE TABLE {table} AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 35000) g")
+        primary.sql("CHECKPOINT")
+        cluster.make_standby_cold()
+        with primary.connect() as conn:
+            for reads, table in ((5, "hot5"), (4, "hot4")):
+                for _ in range(reads):
+                    conn.execute(f"SELECT count(*) FROM {table}")
+        hot5 = {b for b in primary.cached_blocks(min_usage=5) if b[2] == primary.one("SELECT pg_relation_filenode('hot5')::int8")}
+        hot4_rel = primary.one("SELECT pg_relation_filenode('hot4')::int8")
+        hot4 = {b for b in primary.cached_blocks(min_usage=4) if b[2] == hot4_rel}
+        assert len(hot5) > 4000 and len(hot4) > 4000, (len(hot5), len(hot4))
+
+        result = run_agent_json("sync", "--once", "--primary", primary.conninfo(), "--standby", cluster.standby.conninfo())
+        assert result["sent"] > 0
+        cached = cluster.standby.cached_blocks()
+        share5 = len(hot5 & cached) / len(hot5)
+        share4 = len(hot4 & cached) / len(hot4)
+        assert share5 >= 0.95, f"usage-5 blocks on the standby: {share5:.1%} (usage-4: {share4:.1%})"
+        assert share4 < share5
