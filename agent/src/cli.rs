@@ -1,0 +1,209 @@
+//! Command-line surface. Every global option also reads a `CCM_*` environment variable and a
+//! key of the TOML file; all are `Option` here so `config.rs` can tell "not given" from a
+//! default and apply the precedence flag > env > file > default (clap itself already ranks
+//! a flag above its env variable).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ccm-agent",
+    version,
+    about = "Keeps a tier-0 standby's shared_buffers mirroring the primary's hot set (pg_ccm)",
+    long_about = "Keeps a tier-0 standby's shared_buffers mirroring the primary's hot set.\n\n\
+        Each cycle asks the standby for a bloom filter of the buffers it caches, asks the \
+        primary for its hot blocks missing from that filter, and has the standby read them \
+        in, in short bounded batches. Requires CREATE EXTENSION pg_ccm on the primary."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the sync loop until SIGTERM/SIGINT, serving /metrics.
+    Run,
+    /// One full warm-up: cycles back to back until nothing is left to send.
+    Sync(SyncArgs),
+    /// Show both nodes, the hot set, the standby's coverage of it and the primary's CCM counters.
+    Status(StatusArgs),
+    /// Validate the configuration and print it as TOML (passwords masked).
+    CheckConfig(CheckConfigArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SyncArgs {
+    /// Run once and exit (the only mode: `run` is the continuous loop).
+    #[arg(long)]
+    pub once: bool,
+    /// Stop after this many cycles even if the standby is still missing blocks.
+    #[arg(long, env = "CCM_MAX_CYCLES", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_cycles: u32,
+    #[arg(long, value_enum, env = "CCM_OUTPUT", default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[arg(long, value_enum, env = "CCM_OUTPUT", default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckConfigArgs {
+    /// Also connect to both nodes and run the safety checks.
+    #[arg(long)]
+    pub connect: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Options shared by all commands; `global` so they may follow the subcommand too.
+#[derive(Debug, Default, Args)]
+pub struct GlobalArgs {
+    /// TOML configuration file (same keys as the flags, in snake_case).
+    #[arg(long, env = "CCM_CONFIG", global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Connection string of the primary (libpq key=value or URI; multi-host allowed).
+    #[arg(
+        long,
+        env = "CCM_PRIMARY",
+        global = true,
+        value_name = "CONNINFO",
+        hide_env_values = true
+    )]
+    pub primary: Option<String>,
+    /// Connection string of the standby (libpq key=value or URI; multi-host allowed).
+    #[arg(
+        long,
+        env = "CCM_STANDBY",
+        global = true,
+        value_name = "CONNINFO",
+        hide_env_values = true
+    )]
+    pub standby: Option<String>,
+    /// Time between cycle starts [default: 1s].
+    #[arg(long, env = "CCM_INTERVAL", global = true, value_name = "DURATION")]
+    pub interval: Option<String>,
+    /// Address for GET /metrics and /healthz, or "off" [default: 127.0.0.1:9187].
+    #[arg(long, env = "CCM_METRICS_LISTEN", global = true, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+    /// Log format [default: text].
+    #[arg(long, env = "CCM_LOG_FORMAT", global = true, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log filter, tracing EnvFilter syntax, e.g. "info,ccm_agent=debug" [default: info].
+    #[arg(long, env = "CCM_LOG_LEVEL", global = true, value_name = "FILTER")]
+    pub log_level: Option<String>,
+    /// False positive rate of the standby's bloom filter, 0 < p < 1 [default: 0.01].
+    #[arg(long, env = "CCM_FALSE_POSITIVE_RATE", global = true, value_name = "P")]
+    pub false_positive_rate: Option<f64>,
+    /// Blocks per ccm_prewarm call on the standby [default: 4096].
+    #[arg(long, env = "CCM_BATCH_BLOCKS", global = true, value_name = "N")]
+    pub batch_blocks: Option<u64>,
+    /// Per-host connect timeout [default: 5s].
+    #[arg(
+        long,
+        env = "CCM_CONNECT_TIMEOUT",
+        global = true,
+        value_name = "DURATION"
+    )]
+    pub connect_timeout: Option<String>,
+    /// statement_timeout of the agent's sessions [default: 30s].
+    #[arg(
+        long,
+        env = "CCM_STATEMENT_TIMEOUT",
+        global = true,
+        value_name = "DURATION"
+    )]
+    pub statement_timeout: Option<String>,
+    /// Cap of the reconnect backoff [default: 30s].
+    #[arg(long, env = "CCM_MAX_BACKOFF", global = true, value_name = "DURATION")]
+    pub max_backoff: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_flags_after_subcommand() {
+        let cli = Cli::try_parse_from([
+            "ccm-agent",
+            "run",
+            "--primary",
+            "host=p",
+            "--standby",
+            "host=s",
+            "--interval",
+            "200ms",
+            "--metrics-listen",
+            "127.0.0.1:1",
+            "--max-backoff",
+            "2s",
+            "--log-level",
+            "info,ccm_agent=debug",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Run));
+        assert_eq!(cli.global.primary.as_deref(), Some("host=p"));
+        assert_eq!(cli.global.interval.as_deref(), Some("200ms"));
+    }
+
+    #[test]
+    fn sync_and_status_flags() {
+        let cli = Cli::try_parse_from([
+            "ccm-agent",
+            "sync",
+            "--once",
+            "--output",
+            "json",
+            "--max-cycles",
+            "3",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Sync(a) => {
+                assert!(a.once);
+                assert_eq!(a.max_cycles, 3);
+                assert_eq!(a.output, OutputFormat::Json);
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = Cli::try_parse_from(["ccm-agent", "status", "--output", "json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Status(StatusArgs {
+                output: OutputFormat::Json
+            })
+        ));
+        let cli = Cli::try_parse_from(["ccm-agent", "check-config", "--connect"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::CheckConfig(CheckConfigArgs { connect: true })
+        ));
+        assert!(Cli::try_parse_from(["ccm-agent", "sync", "--max-cycles", "0"]).is_err());
+    }
+}

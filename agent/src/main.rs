@@ -1,0 +1,274 @@
+//! ccm-agent: keeps a tier-0 standby's shared_buffers mirroring the primary's hot set.
+//!
+//! This file only wires things up: parse flags, load the config, start logging, run the
+//! command on a small tokio runtime, and turn SIGTERM/SIGINT into a cancellation every task
+//! watches. The work lives in one module per concern.
+
+mod backoff;
+mod cli;
+mod config;
+mod conninfo;
+mod metrics;
+mod node;
+mod status;
+mod sync;
+
+use std::future::Future;
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn, Instrument};
+
+use crate::cli::{Cli, Command, LogFormat, OutputFormat};
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// How long shutdown waits for tasks after cancelling them; calls cancel their statements
+/// within half a second, so this is only a backstop.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cfg = match Config::load(&cli.global) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("ccm-agent: configuration error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(&cfg);
+
+    // Two workers: the machine this runs beside a database should give the database its cores.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ccm-agent")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ccm-agent: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(async_main(cli.command, Arc::new(cfg)));
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    code
+}
+
+fn init_logging(cfg: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(config::DEFAULT_LOG_LEVEL));
+    // Logs go to stderr: stdout carries the --output of sync, status and check-config.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    match cfg.log_format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
+async fn async_main(command: Command, cfg: Arc<Config>) -> ExitCode {
+    let cancel = CancellationToken::new();
+    spawn_signal_handler(cancel.clone());
+    let result = match command {
+        Command::Run => run(cfg, cancel).await,
+        Command::Sync(args) => {
+            if !args.once {
+                eprintln!(
+                    "ccm-agent: sync needs --once (use `ccm-agent run` for the continuous loop)"
+                );
+                return ExitCode::from(2);
+            }
+            sync_once(cfg, cancel, args.max_cycles, args.output).await
+        }
+        Command::Status(args) => status(cfg, cancel, args.output).await,
+        Command::CheckConfig(args) => check_config(cfg, cancel, args.connect).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// SIGTERM or SIGINT cancels everything; a second one exits at once.
+fn spawn_signal_handler(cancel: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!("cannot watch SIGTERM: {e}");
+                    return;
+                }
+            };
+        for n in 0.. {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                r = tokio::signal::ctrl_c() => { if r.is_err() { return; } "SIGINT" }
+            };
+            if n == 0 {
+                info!("{name} received; shutting down");
+                cancel.cancel();
+            } else {
+                warn!("{name} received again; exiting now");
+                std::process::exit(130);
+            }
+        }
+    });
+}
+
+/// A task with a name: its logs carry `task=NAME`, and its end is logged.
+fn spawn_task<F>(name: &'static str, future: F) -> JoinHandle<anyhow::Result<()>>
+where
+    F: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    tokio::spawn(
+        async move {
+            let result = future.await;
+            if let Err(e) = &result {
+                error!("task failed: {e:#}");
+            }
+            result
+        }
+        .instrument(tracing::info_span!("task", task = name)),
+    )
+}
+
+async fn run(cfg: Arc<Config>, cancel: CancellationToken) -> anyhow::Result<ExitCode> {
+    let metrics = Arc::new(Metrics::new());
+    let metrics_task = match cfg.metrics_listen {
+        Some(addr) => {
+            // Bound here, not in the task: a busy port must fail the start, visibly.
+            let listener = metrics::bind(addr).await?;
+            Some(spawn_task(
+                "metrics",
+                metrics::serve(listener, metrics.clone(), cancel.clone()),
+            ))
+        }
+        None => None,
+    };
+    let mut sync_task = spawn_task(
+        "sync",
+        sync::run(cfg.clone(), metrics.clone(), cancel.clone()),
+    );
+
+    // Wait for shutdown, or for the sync task to end on its own (which only a bug makes happen).
+    let mut failed = false;
+    let early = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        r = &mut sync_task => Some(r),
+    };
+    let mut pending = Vec::new();
+    match early {
+        Some(r) => {
+            if !cancel.is_cancelled() {
+                error!("the sync task ended unexpectedly; shutting down");
+                cancel.cancel();
+            }
+            failed = !matches!(r, Ok(Ok(())));
+        }
+        None => pending.push(("sync", sync_task)),
+    }
+    pending.extend(metrics_task.map(|t| ("metrics", t)));
+    for (name, task) in pending {
+        match tokio::time::timeout(SHUTDOWN_GRACE, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(_))) => failed = true,
+            Ok(Err(e)) => {
+                error!("task {name} panicked: {e}");
+                failed = true;
+            }
+            Err(_) => warn!("task {name} did not stop within {SHUTDOWN_GRACE:?}; abandoning it"),
+        }
+    }
+    info!("stopped");
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn sync_once(
+    cfg: Arc<Config>,
+    cancel: CancellationToken,
+    max_cycles: u32,
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    let metrics = Arc::new(Metrics::new());
+    let progress = if std::io::stderr().is_terminal() {
+        let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} blocks {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        pb
+    } else {
+        ProgressBar::hidden()
+    };
+    let result = sync::sync_once(cfg, metrics, cancel, max_cycles, &progress).await;
+    progress.finish_and_clear();
+    let summary = result.context("sync failed")?;
+    match output {
+        OutputFormat::Json => println!("{}", serde_json::to_string(&summary)?),
+        OutputFormat::Text => println!("{}", summary.to_text()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn status(
+    cfg: Arc<Config>,
+    cancel: CancellationToken,
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    let report = status::gather(cfg, cancel).await;
+    match output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Text => print!("{}", report.to_text()),
+    }
+    Ok(if report.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn check_config(
+    cfg: Arc<Config>,
+    cancel: CancellationToken,
+    connect: bool,
+) -> anyhow::Result<ExitCode> {
+    print!("{}", cfg.to_toml_masked());
+    if !connect {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (lines, ok) = status::check_connections(cfg, cancel).await;
+    for line in lines {
+        eprintln!("{line}");
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

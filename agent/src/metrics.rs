@@ -1,0 +1,461 @@
+//! Prometheus metrics and the small HTTP server that exposes them.
+//!
+//! prometheus-client keeps every metric in atomics, so the sync task updates them without
+//! locks and the HTTP handler encodes a consistent-enough snapshot on each scrape. The server
+//! is bare hyper 1 (HTTP/1 only): two GET routes do not justify a web framework's compile time.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use crate::node::Side;
+
+/// Where in a cycle an error happened; the `stage` label of `ccm_agent_cycle_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stage {
+    Connect,
+    Filter,
+    HotBlocks,
+    Prewarm,
+    Safety,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 5] = [
+        Stage::Connect,
+        Stage::Filter,
+        Stage::HotBlocks,
+        Stage::Prewarm,
+        Stage::Safety,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Connect => "connect",
+            Stage::Filter => "filter",
+            Stage::HotBlocks => "hot_blocks",
+            Stage::Prewarm => "prewarm",
+            Stage::Safety => "safety",
+        }
+    }
+}
+
+type Labels = [(&'static str, &'static str); 1];
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub cycles: Counter,
+    cycle_errors: Family<Labels, Counter>,
+    pub blocks_sent: Counter,
+    pub blocks_loaded: Counter,
+    pub blocks_already_cached: Counter,
+    pub blocks_skipped: Counter,
+    pub hot_set_blocks: Gauge,
+    pub coverage_ratio: FloatGauge,
+    pub last_cycle_duration_seconds: FloatGauge,
+    pub last_cycle_timestamp_seconds: FloatGauge,
+    node_up: Family<Labels, Gauge>,
+    retargets: Family<Labels, Counter>,
+    pub enabled: Gauge,
+    pub filter_bytes: Gauge,
+    pub block_list_bytes: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("ccm_agent");
+        let m = Metrics {
+            cycles: Counter::default(),
+            cycle_errors: Family::default(),
+            blocks_sent: Counter::default(),
+            blocks_loaded: Counter::default(),
+            blocks_already_cached: Counter::default(),
+            blocks_skipped: Counter::default(),
+            hot_set_blocks: Gauge::default(),
+            coverage_ratio: FloatGauge::default(),
+            last_cycle_duration_seconds: FloatGauge::default(),
+            last_cycle_timestamp_seconds: FloatGauge::default(),
+            node_up: Family::default(),
+            retargets: Family::default(),
+            enabled: Gauge::default(),
+            filter_bytes: Gauge::default(),
+            block_list_bytes: Gauge::default(),
+            registry: Registry::default(),
+        };
+        // Counters get their `_total` suffix from the encoder.
+        registry.register("cycles", "Sync cycles completed", m.cycles.clone());
+        registry.register(
+            "cycle_errors",
+            "Cycles that failed, by stage (connect, filter, hot_blocks, prewarm, safety)",
+            m.cycle_errors.clone(),
+        );
+        registry.register(
+            "blocks_sent",
+            "Blocks sent to the standby in hot block lists",
+            m.blocks_sent.clone(),
+        );
+        registry.register(
+            "blocks_loaded",
+            "Blocks the standby read into shared_buffers",
+            m.blocks_loaded.clone(),
+        );
+        registry.register(
+            "blocks_already_cached",
+            "Blocks sent that the standby already had cached",
+            m.blocks_already_cached.clone(),
+        );
+        registry.register(
+            "blocks_skipped",
+            "Blocks sent that the standby could not or would not load",
+            m.blocks_skipped.clone(),
+        );
+        registry.register(
+            "hot_set_blocks",
+            "Hot buffers the primary's last scan found (before filtering)",
+            m.hot_set_blocks.clone(),
+        );
+        registry.register(
+            "coverage_ratio",
+            "Share of the primary's hot set already cached on the standby at the last scan (0..1)",
+            m.coverage_ratio.clone(),
+        );
+        registry.register(
+            "last_cycle_duration_seconds",
+            "Duration of the last completed cycle",
+            m.last_cycle_duration_seconds.clone(),
+        );
+        registry.register(
+            "last_cycle_timestamp_seconds",
+            "Unix time at which the last cycle completed",
+            m.last_cycle_timestamp_seconds.clone(),
+        );
+        registry.register(
+            "node_up",
+            "1 while the agent holds a working connection to the side",
+            m.node_up.clone(),
+        );
+        registry.register(
+            "retargets",
+            "Times a side's connection moved to a different host",
+            m.retargets.clone(),
+        );
+        registry.register(
+            "enabled",
+            "0 while the Cluster Cache Manager is disabled on a node",
+            m.enabled.clone(),
+        );
+        registry.register(
+            "filter_bytes",
+            "Size of the standby's last bloom filter",
+            m.filter_bytes.clone(),
+        );
+        registry.register(
+            "block_list_bytes",
+            "Size of the primary's last hot block list",
+            m.block_list_bytes.clone(),
+        );
+
+        // Every label value exists from the start, so dashboards and alerts see zeros rather
+        // than absent series before the first fault.
+        for stage in Stage::ALL {
+            m.cycle_errors
+                .get_or_create(&[("stage", stage.as_str())])
+                .inc_by(0);
+        }
+        for side in [Side::Primary, Side::Standby] {
+            m.node_up.get_or_create(&side_label(side)).set(0);
+            m.retargets.get_or_create(&side_label(side)).inc_by(0);
+        }
+        m.enabled.set(1);
+        Metrics { registry, ..m }
+    }
+
+    pub fn cycle_error(&self, stage: Stage) {
+        self.cycle_errors
+            .get_or_create(&[("stage", stage.as_str())])
+            .inc();
+    }
+
+    pub fn set_node_up(&self, side: Side, up: bool) {
+        self.node_up
+            .get_or_create(&side_label(side))
+            .set(i64::from(up));
+    }
+
+    pub fn retarget(&self, side: Side) {
+        self.retargets.get_or_create(&side_label(side)).inc();
+    }
+
+    pub fn cycle_done(&self, duration: Duration) {
+        self.cycles.inc();
+        self.last_cycle_duration_seconds.set(duration.as_secs_f64());
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.last_cycle_timestamp_seconds.set(now.as_secs_f64());
+    }
+
+    /// The scan's result: the hot set size and how much of it the standby already had.
+    pub fn scan(&self, hot_buffers_found: u64, blocks_in_list: u64) {
+        self.hot_set_blocks.set(saturating_i64(hot_buffers_found));
+        self.coverage_ratio
+            .set(coverage(hot_buffers_found, blocks_in_list));
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+fn side_label(side: Side) -> Labels {
+    [("side", side.as_str())]
+}
+
+pub fn saturating_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// 1 - missing/hot, clamped to 0..1; 1 when nothing is hot (nothing to miss). Clamped
+/// because the two numbers may come from different moments (status) or the missing count
+/// may include blocks that cooled down since the scan.
+pub fn coverage(hot: u64, missing: u64) -> f64 {
+    if hot == 0 {
+        return 1.0;
+    }
+    (1.0 - missing as f64 / hot as f64).clamp(0.0, 1.0)
+}
+
+/// Binds the listener now, so a busy port fails the start-up rather than a background task.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))
+}
+
+/// Serves GET /metrics and GET /healthz until `cancel`.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving /metrics and /healthz");
+    }
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                // Out of file descriptors and the like: wait a little rather than spin.
+                Err(e) => {
+                    debug!("metrics accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let metrics = metrics.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let metrics = metrics.clone();
+                async move { Ok::<_, Infallible>(respond(&req, &metrics)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                r = conn => if let Err(e) = r { debug!(%peer, "metrics connection: {e}") },
+            }
+        });
+    }
+}
+
+fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => (
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.render(),
+        ),
+        (&Method::GET, "/healthz") => (
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            "ok".to_string(),
+        ),
+        (_, "/metrics" | "/healthz") => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "method not allowed\n".to_string(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found\n".to_string(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub const NAMES: &[&str] = &[
+        "ccm_agent_cycles_total",
+        "ccm_agent_cycle_errors_total{stage=\"connect\"}",
+        "ccm_agent_cycle_errors_total{stage=\"filter\"}",
+        "ccm_agent_cycle_errors_total{stage=\"hot_blocks\"}",
+        "ccm_agent_cycle_errors_total{stage=\"prewarm\"}",
+        "ccm_agent_cycle_errors_total{stage=\"safety\"}",
+        "ccm_agent_blocks_sent_total",
+        "ccm_agent_blocks_loaded_total",
+        "ccm_agent_blocks_already_cached_total",
+        "ccm_agent_blocks_skipped_total",
+        "ccm_agent_hot_set_blocks",
+        "ccm_agent_coverage_ratio",
+        "ccm_agent_last_cycle_duration_seconds",
+        "ccm_agent_last_cycle_timestamp_seconds",
+        "ccm_agent_node_up{side=\"primary\"}",
+        "ccm_agent_node_up{side=\"standby\"}",
+        "ccm_agent_retargets_total{side=\"primary\"}",
+        "ccm_agent_retargets_total{side=\"standby\"}",
+        "ccm_agent_enabled",
+        "ccm_agent_filter_bytes",
+        "ccm_agent_block_list_bytes",
+    ];
+
+    /// Parses the exposition the way the integration harness does: `name{labels} value`.
+    fn samples(text: &str) -> std::collections::HashMap<String, f64> {
+        text.lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .filter_map(|l| {
+                let (name, value) = l.rsplit_once(' ')?;
+                Some((name.to_string(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_metric_is_rendered_from_the_start() {
+        let m = Metrics::new();
+        let s = samples(&m.render());
+        for name in NAMES {
+            assert!(
+                s.contains_key(*name),
+                "{name} missing from:\n{}",
+                m.render()
+            );
+        }
+        assert_eq!(s["ccm_agent_enabled"], 1.0);
+        assert_eq!(s["ccm_agent_cycles_total"], 0.0);
+    }
+
+    #[test]
+    fn updates_show_up() {
+        let m = Metrics::new();
+        m.cycle_error(Stage::HotBlocks);
+        m.cycle_error(Stage::HotBlocks);
+        m.set_node_up(Side::Standby, true);
+        m.retarget(Side::Primary);
+        m.blocks_loaded.inc_by(42);
+        m.scan(200, 50);
+        m.cycle_done(Duration::from_millis(1500));
+        let s = samples(&m.render());
+        assert_eq!(s["ccm_agent_cycle_errors_total{stage=\"hot_blocks\"}"], 2.0);
+        assert_eq!(s["ccm_agent_node_up{side=\"standby\"}"], 1.0);
+        assert_eq!(s["ccm_agent_node_up{side=\"primary\"}"], 0.0);
+        assert_eq!(s["ccm_agent_retargets_total{side=\"primary\"}"], 1.0);
+        assert_eq!(s["ccm_agent_blocks_loaded_total"], 42.0);
+        assert_eq!(s["ccm_agent_hot_set_blocks"], 200.0);
+        assert_eq!(s["ccm_agent_coverage_ratio"], 0.75);
+        assert_eq!(s["ccm_agent_cycles_total"], 1.0);
+        assert_eq!(s["ccm_agent_last_cycle_duration_seconds"], 1.5);
+        assert!(s["ccm_agent_last_cycle_timestamp_seconds"] > 1.6e9);
+    }
+
+    #[test]
+    fn coverage_arithmetic() {
+        assert_eq!(coverage(0, 0), 1.0);
+        assert_eq!(coverage(0, 10), 1.0);
+        assert_eq!(coverage(100, 0), 1.0);
+        assert_eq!(coverage(100, 100), 0.0);
+        assert_eq!(coverage(100, 25), 0.75);
+        assert_eq!(coverage(100, 250), 0.0);
+        assert!((coverage(3, 1) - 2.0 / 3.0).abs() < 1e-12);
+    }
+
+    #[tokio::test]
+    async fn http_routes() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let metrics = Arc::new(Metrics::new());
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, metrics, cancel.clone()));
+        let get = |path: &'static str| async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        let metrics_response = get("/metrics").await;
+        assert!(
+            metrics_response.starts_with("HTTP/1.1 200"),
+            "{metrics_response}"
+        );
+        assert!(metrics_response.contains("ccm_agent_cycles_total 0"));
+        let health = get("/healthz").await;
+        assert!(
+            health.starts_with("HTTP/1.1 200") && health.ends_with("\r\n\r\nok"),
+            "{health}"
+        );
+        assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(2), server)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}

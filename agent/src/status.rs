@@ -1,0 +1,416 @@
+//! `ccm-agent status` (one screen about the pairing) and the connect part of
+//! `check-config --connect`.
+//!
+//! Status connects leniently: when no host of a side has the expected role it still shows the
+//! first reachable one, because "the standby side points at a primary" is exactly what an
+//! operator needs to see. Anything that would stop `run` from syncing (a node unreachable, a
+//! wrong role, different systems, a missing extension) makes the exit code non-zero.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::conninfo::ConnInfo;
+use crate::metrics::coverage;
+use crate::node::{self, CcmStatus, ConnectOptions, Node, NodeError, Side};
+
+/// The false positive rate of the filter status asks for: lower than the loop's, because
+/// here the filter is used once to count, and every false positive hides a missing block.
+pub const STATUS_FALSE_POSITIVE_RATE: f64 = 0.001;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct NodeReport {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    /// "primary" or "standby", as pg_is_in_recovery() says.
+    pub role: Option<&'static str>,
+    pub system_identifier: Option<String>,
+    pub extension_version: Option<String>,
+    pub server_version: Option<String>,
+    /// Why the node could not be reached or used, if so.
+    pub error: Option<String>,
+}
+
+impl NodeReport {
+    fn from_node(node: &Node) -> Self {
+        NodeReport {
+            host: Some(node.host.name()),
+            port: Some(node.host.port),
+            role: Some(node.role()),
+            system_identifier: Some(node.facts.system_identifier.clone()),
+            extension_version: node.facts.extension_version.clone(),
+            server_version: Some(node.facts.server_version.clone()),
+            error: None,
+        }
+    }
+
+    fn from_error(info: &ConnInfo, error: &NodeError) -> Self {
+        // Show the first candidate host so a single-host string still says where it looked.
+        let first = info.hosts().into_iter().next();
+        NodeReport {
+            host: first.as_ref().map(|h| h.name()),
+            port: first.as_ref().map(|h| h.port),
+            error: Some(error.to_string()),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StatusReport {
+    pub primary: NodeReport,
+    pub standby: NodeReport,
+    /// false when the extension reports the Cluster Cache Manager disabled.
+    pub ccm_enabled: Option<bool>,
+    /// Hot buffers on the primary (ccm_hot_buffers()).
+    pub hot_buffers: Option<i64>,
+    /// Hot buffers the standby's filter lacks.
+    pub missing: Option<i64>,
+    /// 1 - missing/hot_buffers, 0..1 (1 when nothing is hot).
+    pub coverage: Option<f64>,
+    /// The row of aurora_ccm_status() on the primary.
+    pub status: Option<CcmStatus>,
+    pub buffers_sent_per_second: Option<f64>,
+    pub buffers_found_per_second: Option<f64>,
+    /// True when nothing below stops the agent from syncing.
+    pub ok: bool,
+    pub problems: Vec<String>,
+}
+
+impl StatusReport {
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for (side, n) in [("primary", &self.primary), ("standby", &self.standby)] {
+            let addr = match (&n.host, n.port) {
+                (Some(h), Some(p)) => format!("{h}:{p}"),
+                _ => "?".to_string(),
+            };
+            match &n.error {
+                Some(e) => {
+                    let _ = writeln!(out, "{side:<8} {addr}  UNREACHABLE: {e}");
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "{side:<8} {addr}  role {}  system {}  pg_ccm {}  PostgreSQL {}",
+                        n.role.unwrap_or("?"),
+                        n.system_identifier.as_deref().unwrap_or("?"),
+                        n.extension_version.as_deref().unwrap_or("not installed"),
+                        n.server_version.as_deref().unwrap_or("?"),
+                    );
+                }
+            }
+        }
+        if self.ccm_enabled == Some(false) {
+            let _ = writeln!(out, "CCM      disabled (ccm.enabled = off)");
+        }
+        if let Some(hot) = self.hot_buffers {
+            let _ = writeln!(out, "hot set  {hot} buffers ({})", mib(hot));
+        }
+        if let (Some(c), Some(missing)) = (self.coverage, self.missing) {
+            let _ = writeln!(
+                out,
+                "coverage {:.1}% of the hot set cached on the standby ({missing} hot buffers missing)",
+                c * 100.0
+            );
+        }
+        if let Some(s) = &self.status {
+            let _ = writeln!(
+                out,
+                "last scan    sent {} / found {} buffers",
+                s.buffers_sent_last_scan, s.buffers_found_last_scan
+            );
+            let _ = writeln!(
+                out,
+                "last minute  sent {} ({:.1}/s) / found {} ({:.1}/s) buffers",
+                s.buffers_sent_last_minute,
+                self.buffers_sent_per_second.unwrap_or(0.0),
+                s.buffers_found_last_minute,
+                self.buffers_found_per_second.unwrap_or(0.0),
+            );
+            let _ = writeln!(
+                out,
+                "this scan    sent {} / found {} buffers, progress {}",
+                s.buffers_sent_current_scan, s.buffers_found_current_scan, s.current_scan_progress
+            );
+        }
+        for p in &self.problems {
+            let _ = writeln!(out, "PROBLEM: {p}");
+        }
+        out
+    }
+}
+
+fn mib(blocks: i64) -> String {
+    format!("{:.1} MiB", blocks as f64 * 8192.0 / (1024.0 * 1024.0))
+}
+
+fn options(cfg: &Config) -> ConnectOptions {
+    ConnectOptions {
+        connect_timeout: cfg.connect_timeout,
+        statement_timeout: cfg.statement_timeout,
+    }
+}
+
+/// Connects both sides at once; in lenient mode a wrong-role host is returned too.
+async fn connect_both(
+    cfg: &Config,
+    cancel: &CancellationToken,
+    strict: bool,
+) -> (Result<Node, NodeError>, Result<Node, NodeError>) {
+    tokio::join!(
+        node::resolve(&cfg.primary, Side::Primary, options(cfg), cancel, strict),
+        node::resolve(&cfg.standby, Side::Standby, options(cfg), cancel, strict),
+    )
+}
+
+/// Records a query error: a disabled CCM is a state, anything else a problem.
+fn note_error(report: &mut StatusReport, error: NodeError) {
+    match error {
+        NodeError::Disabled { .. } => report.ccm_enabled = Some(false),
+        e => report.problems.push(e.to_string()),
+    }
+}
+
+/// Gathers the status report. Never fails: what could not be learned is a problem in it.
+pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport {
+    let mut report = StatusReport::default();
+    let (primary, standby) = connect_both(&cfg, &cancel, false).await;
+    let mut primary = match primary {
+        Ok(n) => Some(n),
+        Err(e) => {
+            report.primary = NodeReport::from_error(&cfg.primary, &e);
+            report.problems.push(format!("primary: {e}"));
+            None
+        }
+    };
+    let mut standby = match standby {
+        Ok(n) => Some(n),
+        Err(e) => {
+            report.standby = NodeReport::from_error(&cfg.standby, &e);
+            report.problems.push(format!("standby: {e}"));
+            None
+        }
+    };
+    for (side, node) in [(Side::Primary, &primary), (Side::Standby, &standby)] {
+        if let Some(n) = node {
+            let r = NodeReport::from_node(n);
+            if n.facts.in_recovery != side.wants_recovery() {
+                report.problems.push(format!(
+                    "the {side} connection string leads to {}, which is a {}, not a {side}",
+                    n.label(),
+                    n.role()
+                ));
+            }
+            match side {
+                Side::Primary => report.primary = r,
+                Side::Standby => report.standby = r,
+            }
+        }
+    }
+    // The catalog is shared by both nodes: one report of a missing extension is enough.
+    if let Some(Err(e)) = primary
+        .as_ref()
+        .or(standby.as_ref())
+        .map(Node::require_extension)
+    {
+        report.problems.push(e.to_string());
+    }
+    if let (Some(p), Some(s)) = (&primary, &standby) {
+        if let Err(message) = node::check_same_system(p, s) {
+            report.problems.push(message);
+        }
+    }
+
+    // The numbers only mean something for a sound pairing.
+    if report.problems.is_empty() {
+        if let (Some(p), Some(s)) = (primary.as_mut(), standby.as_mut()) {
+            collect_numbers(&mut report, p, s).await;
+        }
+    }
+    report.ok = report.problems.is_empty();
+    report
+}
+
+async fn collect_numbers(report: &mut StatusReport, primary: &mut Node, standby: &mut Node) {
+    report.ccm_enabled = Some(true);
+    match primary.ccm_status().await {
+        Ok(s) => {
+            report.buffers_sent_per_second = Some(s.buffers_sent_last_minute as f64 / 60.0);
+            report.buffers_found_per_second = Some(s.buffers_found_last_minute as f64 / 60.0);
+            report.status = Some(s);
+        }
+        Err(e) => note_error(report, e),
+    }
+    let hot = match primary.hot_buffers_count(None).await {
+        Ok(h) => Some(h),
+        Err(e) => {
+            note_error(report, e);
+            None
+        }
+    };
+    report.hot_buffers = hot;
+    let filter = match standby.buffer_filter(STATUS_FALSE_POSITIVE_RATE).await {
+        Ok((_, f)) => Some(f),
+        Err(e) => {
+            note_error(report, e);
+            None
+        }
+    };
+    if let (Some(hot), Some(filter)) = (hot, filter) {
+        match primary.hot_buffers_count(Some(&filter)).await {
+            Ok(missing) => {
+                report.missing = Some(missing);
+                report.coverage = Some(coverage(hot.max(0) as u64, missing.max(0) as u64));
+            }
+            Err(e) => note_error(report, e),
+        }
+    }
+}
+
+/// `check-config --connect`: both sides strictly resolved and of one system. Returns lines to
+/// print, and whether all is well.
+pub async fn check_connections(cfg: Arc<Config>, cancel: CancellationToken) -> (Vec<String>, bool) {
+    let mut lines = Vec::new();
+    let mut ok = true;
+    let (primary, standby) = connect_both(&cfg, &cancel, true).await;
+    for (side, node) in [(Side::Primary, &primary), (Side::Standby, &standby)] {
+        match node {
+            Ok(n) => lines.push(format!(
+                "{side}: {} ok (role {}, system {}, pg_ccm {}, PostgreSQL {}, shared_buffers {} blocks)",
+                n.label(),
+                n.role(),
+                n.facts.system_identifier,
+                n.facts.extension_version.as_deref().unwrap_or("?"),
+                n.facts.server_version,
+                n.facts.shared_buffers
+            )),
+            Err(e) => {
+                ok = false;
+                lines.push(format!("{side}: FAILED: {e}"));
+            }
+        }
+    }
+    if let (Ok(p), Ok(s)) = (&primary, &standby) {
+        match node::check_same_system(p, s) {
+            Ok(()) => lines.push("pairing: ok (same system identifier)".to_string()),
+            Err(message) => {
+                ok = false;
+                lines.push(format!("pairing: FAILED: {message}"));
+            }
+        }
+    }
+    (lines, ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> StatusReport {
+        let node = |role: &'static str, port: u16| NodeReport {
+            host: Some("127.0.0.1".into()),
+            port: Some(port),
+            role: Some(role),
+            system_identifier: Some("7312345678901234567".into()),
+            extension_version: Some("0.1.0".into()),
+            server_version: Some("15.8".into()),
+            error: None,
+        };
+        StatusReport {
+            primary: node("primary", 5432),
+            standby: node("standby", 5433),
+            ccm_enabled: Some(true),
+            hot_buffers: Some(1000),
+            missing: Some(20),
+            coverage: Some(coverage(1000, 20)),
+            status: Some(CcmStatus {
+                buffers_sent_last_minute: 600,
+                buffers_found_last_minute: 6000,
+                ..Default::default()
+            }),
+            buffers_sent_per_second: Some(10.0),
+            buffers_found_per_second: Some(100.0),
+            ok: true,
+            problems: vec![],
+        }
+    }
+
+    #[test]
+    fn json_shape() {
+        let v = serde_json::to_value(sample()).unwrap();
+        for side in ["primary", "standby"] {
+            for key in [
+                "host",
+                "port",
+                "role",
+                "system_identifier",
+                "extension_version",
+            ] {
+                assert!(v[side].get(key).is_some(), "{side}.{key} missing: {v}");
+            }
+        }
+        assert_eq!(v["primary"]["role"], "primary");
+        assert_eq!(v["standby"]["port"], 5433);
+        assert_eq!(v["hot_buffers"], 1000);
+        assert_eq!(v["missing"], 20);
+        assert_eq!(v["coverage"], 0.98);
+        for key in [
+            "buffers_sent_last_minute",
+            "buffers_found_last_minute",
+            "buffers_sent_last_scan",
+            "buffers_found_last_scan",
+            "buffers_sent_current_scan",
+            "buffers_found_current_scan",
+            "current_scan_progress",
+        ] {
+            assert!(v["status"][key].is_i64(), "status.{key}: {v}");
+        }
+        assert_eq!(v["ok"], true);
+        assert!(v["problems"].as_array().unwrap().is_empty());
+    }
+
+    #[test]
+    fn unknown_values_are_null_in_json() {
+        let r = StatusReport {
+            problems: vec!["primary: down".into()],
+            ..Default::default()
+        };
+        let v = serde_json::to_value(r).unwrap();
+        assert!(v["primary"]["host"].is_null());
+        assert!(v["coverage"].is_null());
+        assert!(v["status"].is_null());
+        assert_eq!(v["ok"], false);
+    }
+
+    #[test]
+    fn text_mentions_everything() {
+        let text = sample().to_text();
+        assert!(text.contains("127.0.0.1:5432"), "{text}");
+        assert!(text.contains("role standby"), "{text}");
+        assert!(text.contains("coverage 98.0%"), "{text}");
+        assert!(text.contains("(10.0/s)"), "{text}");
+        assert!(!text.contains("PROBLEM"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn unreachable_nodes_make_a_failed_report() {
+        let cfg = Config::validate(crate::config::RawConfig {
+            primary: Some("host=127.0.0.1 port=1 user=u dbname=d".into()),
+            standby: Some("host=127.0.0.1 port=2 user=u dbname=d".into()),
+            connect_timeout: Some("2s".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        let report = gather(Arc::new(cfg), CancellationToken::new()).await;
+        assert!(!report.ok);
+        assert_eq!(report.problems.len(), 2, "{:?}", report.problems);
+        assert_eq!(report.primary.host.as_deref(), Some("127.0.0.1"));
+        assert_eq!(report.primary.port, Some(1));
+        assert!(report.primary.error.is_some());
+        assert!(report.coverage.is_none());
+    }
+}
