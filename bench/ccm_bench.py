@@ -36,10 +36,12 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def timed(node: Node, query: str, params=None, repeat: int = 1) -> tuple[float, list]:
+def timed(node: Node, query: str, params=None, repeat: int = 1, setup: tuple[str, ...] = ()) -> tuple[float, list]:
     """Median wall time of a statement over `repeat` runs, and the last result."""
     times, rows = [], []
     with node.connect() as conn:
+        for statement in setup:
+            conn.execute(statement)
         for _ in range(repeat):
             started = time.perf_counter()
             rows = conn.execute(query, params).fetchall()
@@ -113,7 +115,7 @@ def bench_list(node: Node) -> None:
     say("|---|---:|---:|---:|")
     clustered = node.one("SELECT ccm_hot_blocks(NULL, NULL, 0)")
     info = node.sql("SELECT blocks, bytes FROM ccm_block_list_info(%s)", [clustered])[0]
-    say(f"| clustered (whole relations in shared_buffers) | {info[0]} | {info[1]} | {info[1] / max(info[0], 1):.3f} |")
+    say(f"| clustered (all of shared_buffers, whole relations) | {info[0]} | {info[1]} | {info[1] / max(info[0], 1):.3f} |")
     blocks = node.one("SELECT pg_relation_size('scan_fill') / 8192")
     rng = random.Random(1)
     scattered = whole_relation_list(node, "scan_fill", sorted(rng.sample(range(blocks), min(100_000, blocks // 10))))
@@ -129,30 +131,39 @@ def bench_prewarm(node: Node, megabytes: int) -> None:
     full_list = whole_relation_list(node, "prewarm_rel", range(blocks))
     say("| method | blocks | seconds | MB/s | vs baseline |")
     say("|---|---:|---:|---:|---:|")
+    mb = blocks * 8 / 1024
     make_cold(node)
     base, _ = timed(node, "SELECT pg_prewarm('prewarm_rel', 'buffer')")
-    make_cold(node)
-    ours, rows = timed(node, "SELECT loaded FROM ccm_prewarm(%s)", [full_list])
-    assert rows[0][0] == blocks, rows
-    mb = blocks * 8 / 1024
     say(f"| pg_prewarm(rel, 'buffer') | {blocks} | {base:.2f} | {mb / base:.0f} | 1.00 |")
-    say(f"| ccm_prewarm(whole relation) | {blocks} | {ours:.2f} | {mb / ours:.0f} | {base / ours:.2f} |")
+    for label, setup in PREWARM_MODES:
+        make_cold(node)
+        ours, rows = timed(node, "SELECT loaded FROM ccm_prewarm(%s)", [full_list], setup=setup)
+        assert rows[0][0] == blocks, rows
+        say(f"| ccm_prewarm(whole relation), {label} | {blocks} | {ours:.2f} | {mb / ours:.0f} | {base / ours:.2f} |")
 
     rng = random.Random(2)
     sample = sorted(rng.sample(range(blocks), min(20_000, blocks // 20)))
     scattered = whole_relation_list(node, "prewarm_rel", sample)
+    mb = len(sample) * 8 / 1024
     make_cold(node)
     one_by_one, _ = timed(
         node,
         "SELECT sum(pg_prewarm('prewarm_rel', 'buffer', 'main', b, b)) FROM unnest(%s::int8[]) b",
         [sample],
     )
-    make_cold(node)
-    ours, rows = timed(node, "SELECT loaded FROM ccm_prewarm(%s)", [scattered])
-    assert rows[0][0] == len(sample), rows
-    say(f"| pg_prewarm one block at a time, scattered | {len(sample)} | {one_by_one:.2f} | {len(sample) * 8 / 1024 / one_by_one:.0f} | 1.00 |")
-    say(f"| ccm_prewarm(scattered list) | {len(sample)} | {ours:.2f} | {len(sample) * 8 / 1024 / ours:.0f} | {one_by_one / ours:.2f} |")
+    say(f"| pg_prewarm one block at a time, scattered | {len(sample)} | {one_by_one:.2f} | {mb / one_by_one:.0f} | 1.00 |")
+    for label, setup in PREWARM_MODES:
+        make_cold(node)
+        ours, rows = timed(node, "SELECT loaded FROM ccm_prewarm(%s)", [scattered], setup=setup)
+        assert rows[0][0] == len(sample), rows
+        say(f"| ccm_prewarm(scattered list), {label} | {len(sample)} | {ours:.2f} | {mb / ours:.0f} | {one_by_one / ours:.2f} |")
     say()
+
+
+PREWARM_MODES = [
+    ("2 readahead threads (default)", ()),
+    ("advice from the backend only (ccm.prewarm_readahead_threads = 0)", ("SET ccm.prewarm_readahead_threads = 0",)),
+]
 
 
 def tps(node: Node, seconds: int, clients: int) -> float:

@@ -102,3 +102,20 @@ pub fn drop_buffers_from(rel: RelFork, first_block: u32) {
     let mut first = first_block;
     unsafe { pg_sys::DropRelFileNodeBuffers(smgr_open(rel), &mut fork, 1, &mut first) };
 }
+
+/// Path of the fork's first segment file, relative to the data directory (the working
+/// directory of every backend). Later segments append ".1", ".2", ...
+pub fn relation_path(rel: RelFork) -> String {
+    unsafe {
+        let path = pg_sys::GetRelationPath(
+            pg_sys::Oid::from_u32(rel.db),
+            pg_sys::Oid::from_u32(rel.spc),
+            pg_sys::Oid::from_u32(rel.rel),
+            pg_sys::InvalidBackendId,
+            rel.fork as pg_sys::ForkNumber::Type,
+        );
+        let owned = std::ffi::CStr::from_ptr(path).to_string_lossy().into_owned();
+        pg_sys::pfree(path.cast());
+        owned
+    }
+}

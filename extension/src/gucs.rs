@@ -9,6 +9,10 @@ pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// `ccm.usage_threshold`: a buffer is hot when its usage count is greater than this.
 pub static USAGE_THRESHOLD: GucSetting<i32> = GucSetting::<i32>::new(3);
 
+/// `ccm.prewarm_readahead_threads`: threads that advise the kernel of `ccm_prewarm`'s
+/// upcoming reads; 0 leaves the advice to the backend itself.
+pub static PREWARM_READAHEAD_THREADS: GucSetting<i32> = GucSetting::<i32>::new(2);
+
 /// Largest useful threshold: BM_MAX_USAGE_COUNT is 5, so 4 still leaves a hot set.
 pub const MAX_USAGE_THRESHOLD: i32 = 4;
 
@@ -29,6 +33,16 @@ pub fn init() {
         0,
         MAX_USAGE_THRESHOLD,
         GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"ccm.prewarm_readahead_threads",
+        c"Threads that issue ccm_prewarm()'s read-ahead advice.",
+        c"ccm_prewarm() starts this many threads that call posix_fadvise(WILLNEED) for upcoming blocks, so that the reads overlap; 0 issues the advice from the backend itself.",
+        &PREWARM_READAHEAD_THREADS,
+        0,
+        16,
+        GucContext::Suset,
         GucFlags::default(),
     );
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"ccm".as_ptr()) };

@@ -15,6 +15,7 @@ mod filter;
 mod gucs;
 mod hot_blocks;
 mod prewarm;
+mod readahead;
 mod shmem;
 mod status;
 

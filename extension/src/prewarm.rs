@@ -3,8 +3,9 @@
 //! Blocks are read hottest first, so that when shared_buffers cannot hold the whole
 //! list the clock sweep evicts the colder ones, and each loaded buffer gets a usage
 //! count at least the primary's (capped at BM_MAX_USAGE_COUNT), so that after promotion
-//! the sweep evicts cold pages before these. A window of posix_fadvise(WILLNEED) calls
-//! runs ahead of the reads, which turns a scattered list into parallel I/O.
+//! the sweep evicts cold pages before these. Readahead threads (readahead.rs) advise the
+//! kernel of upcoming blocks ahead of the reads, which turns a scattered list into
+//! parallel I/O.
 //!
 //! No lock is taken: replay must never wait for us. Replay may therefore drop or
 //! truncate a relation while we read it. Blocks of relations that are gone, past the end
@@ -26,8 +27,10 @@ use pgrx::PgSqlErrorCode;
 use crate::buffers;
 use crate::compat;
 use crate::errors;
+use crate::gucs;
+use crate::readahead::{Progress, ReadaheadPlan};
 
-/// How far posix_fadvise runs ahead of the reads, in blocks.
+/// How far posix_fadvise runs ahead of the reads, in blocks (readahead threads off).
 const PREFETCH_DISTANCE: usize = 128;
 /// Reads per subtransaction: small enough that a failure costs little, large enough
 /// that starting subtransactions costs nothing measurable.
@@ -189,38 +192,60 @@ fn plan_reads(list: &BlockList, forks: &[ForkState], outcome: &mut Outcome) -> V
     reads
 }
 
-/// Reads `reads[start..end]`, stopping at the first storage error. Returns how far it got.
+/// posix_fadvise(WILLNEED) prefetching from the backend, used when the readahead
+/// threads are off. Only the first block of a run is advised: the kernel reads ahead of
+/// sequential reads by itself, and advising each block would split them into 8 kB I/Os.
+struct Prefetcher {
+    enabled: bool,
+    next: usize,
+}
+
+impl Prefetcher {
+    fn advise_up_to(&mut self, horizon: usize, reads: &[Read], forks: &[ForkState]) {
+        if !self.enabled {
+            return;
+        }
+        while self.next < horizon.min(reads.len()) {
+            let read = reads[self.next];
+            let follows = self.next > 0 && {
+                let previous = reads[self.next - 1];
+                previous.fork == read.fork && previous.block.checked_add(1) == Some(read.block)
+            };
+            self.next += 1;
+            let fork = &forks[read.fork as usize];
+            if !follows && fork.skip.is_none() {
+                compat::prefetch(&fork.rel.block(read.block));
+            }
+        }
+    }
+}
+
+/// Reads `reads[start..end]`, stopping at the first storage error. `position` tells the
+/// caller how far it got.
+#[allow(clippy::too_many_arguments)]
 fn read_range(
     reads: &[Read],
     forks: &mut [ForkState],
     start: usize,
     end: usize,
-    prefetched: &mut usize,
+    prefetcher: &mut Prefetcher,
+    progress: &Progress,
     position: &Cell<usize>,
     outcome: &mut Outcome,
 ) {
     for index in start..end {
         position.set(index);
+        progress.reading(index);
         let read = reads[index];
-        let fork = &mut forks[read.fork as usize];
-        if fork.skip.is_some() {
+        if forks[read.fork as usize].skip.is_some() {
             outcome.skipped_relation_gone += 1;
             continue;
         }
-        let address = fork.rel.block(read.block);
-
-        let horizon = (index + PREFETCH_DISTANCE).min(reads.len());
-        while *prefetched < horizon {
-            let ahead = reads[*prefetched];
-            *prefetched += 1;
-            let ahead_fork = &forks[ahead.fork as usize];
-            if ahead_fork.skip.is_none() {
-                compat::prefetch(&ahead_fork.rel.block(ahead.block));
-            }
-        }
+        prefetcher.advise_up_to(index + PREFETCH_DISTANCE, reads, forks);
         pg_sys::check_for_interrupts!();
 
         let fork = &mut forks[read.fork as usize];
+        let address = fork.rel.block(read.block);
         let hits_before = unsafe { pg_sys::pgBufferUsage.shared_blks_hit };
         let buffer = compat::read_buffer(&address);
         let was_cached = unsafe { pg_sys::pgBufferUsage.shared_blks_hit } != hits_before;
@@ -237,26 +262,42 @@ fn read_range(
     position.set(end);
 }
 
+/// The file ranges the readahead threads should read, in the order of `reads`.
+fn readahead_plan(reads: &[Read], forks: &[ForkState]) -> ReadaheadPlan {
+    let mut plan = ReadaheadPlan::default();
+    let mut paths: Vec<Option<usize>> = vec![None; forks.len()];
+    for (index, read) in reads.iter().enumerate() {
+        let fork = &forks[read.fork as usize];
+        let path = *paths[read.fork as usize].get_or_insert_with(|| plan.add_fork(compat::relation_path(fork.rel)));
+        plan.push(path, read.block, index);
+    }
+    plan
+}
+
 /// Reads every planned block; a storage error skips that block and the rest of its fork.
 fn read_all(reads: &[Read], forks: &mut [ForkState], outcome: &mut Outcome) {
-    let mut next = 0;
-    let mut prefetched = 0;
-    while next < reads.len() {
-        let end = (next + READS_PER_SUBTRANSACTION).min(reads.len());
-        let position = Cell::new(next);
-        let finished = in_subtransaction(|| {
-            read_range(reads, forks, next, end, &mut prefetched, &position, outcome)
-        });
-        if finished.is_some() {
-            next = end;
-        } else {
-            // The file vanished (or the page is unreadable) under this read.
-            let failed = position.get();
-            forks[reads[failed].fork as usize].skip = Some(ForkSkip::RelationGone);
-            outcome.skipped_relation_gone += 1;
-            next = failed + 1;
+    let threads = usize::try_from(gucs::PREWARM_READAHEAD_THREADS.get()).unwrap_or(0);
+    let plan = if threads > 0 { readahead_plan(reads, forks) } else { ReadaheadPlan::default() };
+    plan.run(threads, |progress| {
+        let mut prefetcher = Prefetcher { enabled: threads == 0, next: 0 };
+        let mut next = 0;
+        while next < reads.len() {
+            let end = (next + READS_PER_SUBTRANSACTION).min(reads.len());
+            let position = Cell::new(next);
+            let finished = in_subtransaction(|| {
+                read_range(reads, forks, next, end, &mut prefetcher, progress, &position, outcome)
+            });
+            if finished.is_some() {
+                next = end;
+            } else {
+                // The file vanished (or the page is unreadable) under this read.
+                let failed = position.get();
+                forks[reads[failed].fork as usize].skip = Some(ForkSkip::RelationGone);
+                outcome.skipped_relation_gone += 1;
+                next = failed + 1;
+            }
         }
-    }
+    });
 }
 
 /// Drops buffers we loaded for blocks that replay removed while we were reading them
