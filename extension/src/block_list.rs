@@ -1,6 +1,6 @@
 //! Inspecting packed block lists from SQL.
 
-use ccm_codec::BlockList;
+use ccm_codec::{BlockList, HotBlock};
 use pgrx::prelude::*;
 
 use crate::catalog_oid::CatalogOid;
@@ -8,6 +8,20 @@ use crate::errors;
 
 fn decode(list: &[u8]) -> BlockList {
     BlockList::decode(list).unwrap_or_else(|error| errors::invalid_input("block list", &error))
+}
+
+/// One block as a row: pg_buffercache's column types, plus the usage count.
+pub(crate) type BlockRow = (CatalogOid, CatalogOid, CatalogOid, i16, i64, i16);
+
+pub(crate) fn block_row(block: HotBlock) -> BlockRow {
+    (
+        CatalogOid(block.addr.spc),
+        CatalogOid(block.addr.db),
+        CatalogOid(block.addr.rel),
+        i16::from(block.addr.fork),
+        i64::from(block.addr.block),
+        i16::from(block.usage),
+    )
 }
 
 /// Header and size of a block list made by ccm_hot_blocks().
@@ -52,18 +66,6 @@ fn ccm_unpack_block_list(
         name!(usagecount, i16),
     ),
 > {
-    let rows: Vec<_> = decode(list)
-        .iter()
-        .map(|block| {
-            (
-                CatalogOid(block.addr.spc),
-                CatalogOid(block.addr.db),
-                CatalogOid(block.addr.rel),
-                i16::from(block.addr.fork),
-                i64::from(block.addr.block),
-                i16::from(block.usage),
-            )
-        })
-        .collect();
+    let rows: Vec<BlockRow> = decode(list).iter().map(block_row).collect();
     TableIterator::new(rows)
 }

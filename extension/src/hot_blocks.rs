@@ -11,6 +11,7 @@
 use ccm_codec::{encode_block_list, FilterView, HotBlock, MAX_FORK};
 use pgrx::prelude::*;
 
+use crate::block_list::block_row;
 use crate::buffers;
 use crate::catalog_oid::CatalogOid;
 use crate::errors;
@@ -79,9 +80,11 @@ fn resolve_max_blocks(max_blocks: Option<i64>) -> usize {
 }
 
 /// Scans shared_buffers for hot, permanent blocks, noting which ones the filter contains.
-/// `report` publishes progress to aurora_ccm_status().
-fn scan_hot_set(filter: Option<&FilterView<'_>>, threshold: u8, report: bool) -> HotSet {
+/// Blocks the standby has are kept only when `limit` may cut the hot set (they compete
+/// for its places). `report` publishes progress to aurora_ccm_status().
+fn scan_hot_set(filter: Option<&FilterView<'_>>, threshold: u8, limit: usize, report: bool) -> HotSet {
     let count = buffers::buffer_count();
+    let keep_cached = limit < count;
     let mut progress = ScanCounts::default();
     let mut candidates = Vec::new();
     for index in 0..count {
@@ -99,6 +102,9 @@ fn scan_hot_set(filter: Option<&FilterView<'_>>, threshold: u8, report: bool) ->
         let on_standby = filter.is_some_and(|filter| filter.contains(&buffer.address));
         progress.found += 1;
         progress.sent += u64::from(!on_standby);
+        if on_standby && !keep_cached {
+            continue;
+        }
         candidates.push(Candidate {
             block: HotBlock { addr: buffer.address, usage: buffer.usage },
             on_standby,
@@ -120,7 +126,7 @@ fn ccm_hot_blocks(
     let limit = resolve_max_blocks(max_blocks);
 
     shmem::scan_started();
-    let hot = scan_hot_set(view.as_ref(), threshold, true);
+    let hot = scan_hot_set(view.as_ref(), threshold, limit, true);
     let (found, visited) = (hot.found, hot.visited);
     let mut blocks = hot.to_send(limit);
     shmem::scan_finished(ScanCounts { sent: blocks.len() as u64, found }, visited);
@@ -148,16 +154,7 @@ fn ccm_hot_buffers(
 > {
     let view = filter.map(parse_filter);
     let threshold = resolve_threshold(usage_threshold);
-    let mut blocks = scan_hot_set(view.as_ref(), threshold, false).to_send(usize::MAX);
+    let mut blocks = scan_hot_set(view.as_ref(), threshold, usize::MAX, false).to_send(usize::MAX);
     blocks.sort_unstable_by_key(|block| block.addr);
-    TableIterator::new(blocks.into_iter().map(|block| {
-        (
-            CatalogOid(block.addr.spc),
-            CatalogOid(block.addr.db),
-            CatalogOid(block.addr.rel),
-            i16::from(block.addr.fork),
-            i64::from(block.addr.block),
-            i16::from(block.usage),
-        )
-    }))
+    TableIterator::new(blocks.into_iter().map(block_row))
 }

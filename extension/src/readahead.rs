@@ -33,6 +33,9 @@ const SEGMENT_BLOCKS: u32 = pgrx::pg_sys::RELSEG_SIZE;
 /// One advice: `blocks` blocks of one segment file, needed by the backend from read
 /// number `first_read` on.
 struct Run {
+    /// False when the run continues the previous one: the kernel reads ahead of
+    /// sequential reads by itself, and in larger chunks than we would advise.
+    advise: bool,
     path: usize,
     segment: u32,
     first_block: u32,
@@ -58,17 +61,16 @@ impl ReadaheadPlan {
     /// Appends the backend's next read: block `block` of fork `path`.
     pub fn push(&mut self, path: usize, block: u32, read_index: usize) {
         let segment = block / SEGMENT_BLOCKS;
+        let mut advise = true;
         if let Some(run) = self.runs.last_mut() {
-            let extends = run.path == path
-                && run.segment == segment
-                && run.first_block + run.blocks == block
-                && run.blocks < MAX_RUN_BLOCKS;
-            if extends {
+            let contiguous = run.path == path && run.segment == segment && run.first_block + run.blocks == block;
+            if contiguous && run.blocks < MAX_RUN_BLOCKS {
                 run.blocks += 1;
                 return;
             }
+            advise = !contiguous;
         }
-        self.runs.push(Run { path, segment, first_block: block, blocks: 1, first_read: read_index });
+        self.runs.push(Run { advise, path, segment, first_block: block, blocks: 1, first_read: read_index });
     }
 
     fn file_name(&self, run: &Run) -> String {
@@ -118,6 +120,9 @@ impl ReadaheadPlan {
             }
             if progress.stop.load(Ordering::Relaxed) {
                 return;
+            }
+            if !run.advise {
+                continue;
             }
             let name = self.file_name(run);
             if open.as_ref().is_none_or(|(path, _)| *path != name) {
