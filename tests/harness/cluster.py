@@ -259,8 +259,13 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.destroy()
 
-    def create(self, extensions: Iterable[str] = ("pg_ccm", "pg_buffercache")) -> None:
-        self.init_primary(self.primary)
+    def create(self, extensions: Iterable[str] = ("pg_ccm", "pg_buffercache"), template: Path | None = None) -> None:
+        """Starts the primary (from `template`, a stopped data directory, if given; it is
+        copied, not used) and clones the standby from it."""
+        if template is None:
+            self.init_primary(self.primary)
+        else:
+            self.copy_primary(self.primary, template)
         self.primary.start()
         for extension in extensions:
             self.primary.sql(f"CREATE EXTENSION IF NOT EXISTS {extension}")
@@ -272,6 +277,13 @@ class Cluster:
         run_pg([str(PG_BIN / "initdb"), "-D", str(node.datadir), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
         with open(node.datadir / "pg_hba.conf", "a") as hba:
             hba.write("host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n")
+        node.write_settings({**self.settings, "port": node.port})
+
+    def copy_primary(self, node: Node, template: Path) -> None:
+        subprocess.run(["cp", "-a", str(template), str(node.datadir)], check=True)
+        if _running_as_root():
+            subprocess.run(["chown", "-R", f"{OS_USER}:{OS_USER}", str(node.datadir)], check=True)
+        (node.datadir / "postmaster.pid").unlink(missing_ok=True)
         node.write_settings({**self.settings, "port": node.port})
 
     def clone_standby(self, node: Node, source: Node) -> None:
