@@ -286,8 +286,15 @@ class Cluster:
         (node.datadir / "postmaster.pid").unlink(missing_ok=True)
         node.write_settings({**self.settings, "port": node.port})
 
-    def clone_standby(self, node: Node, source: Node) -> None:
-        run_pg([str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(source.port), "-U", "postgres", "-D", str(node.datadir), "-R", "-X", "stream", "-c", "fast", "--no-sync"])
+    def clone_standby(self, node: Node, source: Node, tablespaces: dict[Path, Path] | None = None) -> None:
+        """pg_basebackup of `source`; `tablespaces` maps the source's tablespace directories
+        to the clone's (both nodes share one host, so they cannot share the paths)."""
+        mapping = []
+        for old, new in (tablespaces or {}).items():
+            Path(new).mkdir(parents=True, exist_ok=True)
+            _chown_to_postgres(Path(new))
+            mapping.append(f"--tablespace-mapping={old}={new}")
+        run_pg([str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(source.port), "-U", "postgres", "-D", str(node.datadir), "-R", "-X", "stream", "-c", "fast", "--no-sync", *mapping])
         node.write_settings({**self.standby_settings, "port": node.port})
 
     def wait_caught_up(self, timeout: float = 120) -> None:

@@ -119,3 +119,77 @@ def test_hottest_blocks_win_when_the_standby_is_smaller(log_dir):
         share4 = len(hot4 & cached) / len(hot4)
         assert share5 >= 0.95, f"usage-5 blocks on the standby: {share5:.1%} (usage-4: {share4:.1%})"
         assert share4 < share5
+
+
+def test_every_kind_of_page_reaches_the_standby(log_dir):
+    """Several databases, a non-default tablespace, indexes, TOAST, visibility and free-space maps."""
+    cluster = Cluster()
+    try:
+        primary = cluster.primary
+        cluster.init_primary(primary)
+        primary.start()
+        primary.sql("CREATE EXTENSION pg_ccm")
+        primary.sql("CREATE EXTENSION pg_buffercache")
+        space = cluster.base / "ts_primary"
+        space.mkdir()
+        from harness.cluster import _chown_to_postgres
+
+        _chown_to_postgres(space)
+        primary.sql(f"CREATE TABLESPACE elsewhere LOCATION '{space}'")
+        primary.sql("CREATE DATABASE second")
+        for db in ("postgres", "second"):
+            with primary.connect(dbname=db) as conn:
+                conn.execute("CREATE TABLE t (id int PRIMARY KEY, doc text) TABLESPACE elsewhere")
+                # Incompressible 8 kB documents go to TOAST.
+                conn.execute("INSERT INTO t SELECT g, string_agg(md5(g::text || x::text), '') FROM generate_series(1, 2000) g, generate_series(1, 256) x GROUP BY g")
+                conn.execute("CREATE INDEX t_doc ON t (left(doc, 20))")
+                conn.execute("VACUUM t")  # visibility and free-space maps
+        cluster.clone_standby(cluster.standby, primary, tablespaces={space: cluster.base / "ts_standby"})
+        cluster.standby.start()
+        cluster.make_standby_cold()
+        for db in ("postgres", "second"):
+            with primary.connect(dbname=db) as conn:
+                conn.execute("SET enable_seqscan = off")
+                conn.execute("SET enable_bitmapscan = off")
+                for _ in range(5):
+                    conn.execute("SELECT count(*) FROM t WHERE doc LIKE '%zz%'")  # heap and TOAST
+                    conn.execute("SELECT count(*) FROM t WHERE left(doc, 20) > '8'")  # t_doc
+                    conn.execute("SELECT count(*) FROM t WHERE id > 10")  # t_pkey, index-only: VM
+
+        kinds = primary.sql(
+            "SELECT DISTINCT d.datname, t.spcname, b.relforknumber, c.relkind "
+            "FROM pg_buffercache b JOIN pg_database d ON d.oid = b.reldatabase "
+            "JOIN pg_tablespace t ON t.oid = b.reltablespace "
+            "LEFT JOIN pg_class c ON c.relfilenode = b.relfilenode AND d.datname = current_database() "
+            "WHERE b.usagecount > 3"
+        )
+        assert {k[0] for k in kinds} >= {"postgres", "second"}
+        assert "elsewhere" in {k[1] for k in kinds}
+
+        result = run_agent_json("sync", "--once", "--primary", primary.conninfo(), "--standby", cluster.standby.conninfo())
+        assert result["loaded"] > 1000
+        fraction, hot = coverage(primary, cluster.standby)
+        assert fraction >= 0.99, f"coverage {fraction:.2%} of {hot}"
+
+        # Per kind: the primary's hot pages of each relation are on the standby.
+        standby_blocks = cluster.standby.cached_blocks()
+        hot_blocks = primary.cached_blocks(min_usage=4)
+        for db in ("postgres", "second"):
+            rels = primary.sql(
+                "SELECT c.relfilenode::int8, c.relname FROM pg_class c "
+                "WHERE c.oid IN ('t'::regclass, 't_pkey'::regclass, 't_doc'::regclass, "
+                "                (SELECT reltoastrelid FROM pg_class WHERE relname = 't'), "
+                "                (SELECT indexrelid FROM pg_index WHERE indrelid = (SELECT reltoastrelid FROM pg_class WHERE relname = 't')))",
+                dbname=db,
+            )
+            assert len(rels) == 5
+            for relfilenode, name in rels:
+                hot = {b for b in hot_blocks if b[2] == relfilenode}
+                assert hot, f"{db}.{name} should have hot pages on the primary"
+                missing = hot - standby_blocks
+                assert len(missing) <= 0.01 * len(hot), f"{db}.{name}: {len(missing)} of {len(hot)} hot pages missing"
+        forks_on_standby = {row[0] for row in cluster.standby.sql(
+            "SELECT DISTINCT relforknumber FROM pg_buffercache WHERE relfilenode IS NOT NULL")}
+        assert {0, 1, 2} <= forks_on_standby, f"forks cached on the standby: {forks_on_standby}"
+    finally:
+        cluster.destroy()
