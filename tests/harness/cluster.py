@@ -322,12 +322,18 @@ class Cluster:
         self.wait_caught_up()
 
     def rejoin_as_standby(self, old_primary: Node, new_primary: Node) -> None:
-        """pg_rewind the stopped old primary onto the new one and start it as its standby."""
+        """pg_rewind the old primary onto the new one and start it as its standby.
+
+        pg_rewind copies the source's configuration files, so the node's own port and the
+        new primary_conninfo are written back afterwards.
+        """
         if old_primary.is_running():
             old_primary.stop("immediate")
         run_pg([str(PG_BIN / "pg_rewind"), "-D", str(old_primary.datadir), f"--source-server={new_primary.conninfo()}"])
         (old_primary.datadir / "standby.signal").touch()
         _chown_to_postgres(old_primary.datadir / "standby.signal")
+        old_primary.write_settings({"port": old_primary.port})
+        # postgresql.auto.conf is read last; the copied one points at the node itself.
         with open(old_primary.datadir / "postgresql.auto.conf", "a") as conf:
             conf.write(f"primary_conninfo = 'host=127.0.0.1 port={new_primary.port} user=postgres'\n")
         old_primary.start()

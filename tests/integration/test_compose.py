@@ -1,0 +1,101 @@
+"""The docker-compose cluster: it comes up, the standby gets warm, a failover works.
+
+Skipped only where no Docker engine answers. The image is built offline by
+docker/build-image.sh (skipped when it is up to date).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def docker_engine_runs() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+def compose_command() -> list[str]:
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    pytest.skip("no docker compose command (neither the plugin nor docker-compose) is installed")
+
+
+pytestmark = pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine")
+
+
+class Compose:
+    def __init__(self) -> None:
+        self.base = [*compose_command(), "-p", f"pgccm{uuid.uuid4().hex[:8]}", "-f", str(ROOT / "docker-compose.yml")]
+
+    def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)}: {result.stdout}\n{result.stderr}")
+        return result
+
+    def sql(self, host: str, query: str) -> str:
+        return self.run("exec", "-T", "pgbench", "psql", "-h", host, "-U", "postgres", "-Atq", "-c", query).stdout.strip()
+
+    def blocks(self, host: str, min_usage: int) -> set[str]:
+        out = self.sql(host, "SELECT concat_ws('/', reltablespace, reldatabase, relfilenode, relforknumber, relblocknumber) "
+                             f"FROM pg_buffercache WHERE relfilenode IS NOT NULL AND usagecount >= {min_usage}")
+        return set(out.splitlines())
+
+    def wait(self, predicate, what: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if predicate():
+                    return
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass
+            if time.monotonic() > deadline:
+                logs = self.run("logs", "--tail", "30", check=False).stdout
+                raise TimeoutError(f"timed out waiting for {what}\n{logs}")
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def compose():
+    subprocess.run([str(ROOT / "docker" / "build-image.sh")], check=True, timeout=900)
+    cluster = Compose()
+    try:
+        cluster.run("up", "-d")
+        yield cluster
+    finally:
+        cluster.run("down", "-v", "--remove-orphans", check=False, timeout=120)
+
+
+def test_compose_cluster_warms_the_standby_and_survives_a_failover(compose):
+    compose.wait(lambda: compose.sql("standby", "SELECT pg_is_in_recovery()") == "t", "the standby to stream")
+    compose.run("exec", "-T", "pgbench", "pgbench", "-h", "primary", "-U", "postgres", "-i", "-s", "5", "-q", "postgres")
+    compose.run("exec", "-T", "pgbench", "pgbench", "-h", "primary", "-U", "postgres", "-n", "-S", "-c", "2", "-T", "8", "postgres")
+
+    def covered() -> bool:
+        hot = compose.blocks("primary", 4)
+        return len(hot) > 500 and len(hot & compose.blocks("standby", 0)) >= 0.99 * len(hot)
+
+    compose.wait(covered, "the standby to cache 99% of the primary's hot buffers", timeout=30)
+
+    # Failover: kill the primary, promote the standby, run the workload against it.
+    compose.run("kill", "-s", "SIGKILL", "primary")
+    compose.run("exec", "-T", "-u", "postgres", "standby", "pg_ctl", "-D", "/var/lib/postgresql/data", "-w", "promote")
+    assert compose.sql("standby", "SELECT pg_is_in_recovery()") == "f"
+    out = compose.run("exec", "-T", "pgbench", "pgbench", "-h", "standby", "-U", "postgres", "-n", "-S", "-c", "2", "-T", "3", "postgres").stdout
+    assert "number of failed transactions: 0 " in out, out
+    # The agent is still up and has noticed the promotion.
+    running = compose.run("ps", "-q", "ccm-agent").stdout.strip()
+    assert running and subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", running], capture_output=True, text=True).stdout.strip() == "true"
+    compose.wait(lambda: "promoted" in compose.run("logs", "ccm-agent").stdout or "promoted" in compose.run("logs", "ccm-agent").stderr,
+                 "the agent to log the promotion", timeout=30)
