@@ -35,6 +35,7 @@ BASE_SETTINGS: dict[str, Any] = {
     "hot_standby": "on",
     "hot_standby_feedback": "on",
     "wal_log_hints": "on",  # pg_rewind
+    "wal_keep_size": "'512MB'",  # pg_rewind reads the old primary's WAL back to the divergence
     "fsync": "off",  # tests and demos measure reads, not durability
     "synchronous_commit": "off",
     "max_connections": 100,
@@ -329,6 +330,9 @@ class Cluster:
         """
         if old_primary.is_running():
             old_primary.stop("immediate")
+        # A just-promoted server's control file names its new timeline only after its first
+        # checkpoint; before that, pg_rewind sees one timeline and rewinds nothing.
+        new_primary.sql("CHECKPOINT")
         run_pg([str(PG_BIN / "pg_rewind"), "-D", str(old_primary.datadir), f"--source-server={new_primary.conninfo()}"])
         (old_primary.datadir / "standby.signal").touch()
         _chown_to_postgres(old_primary.datadir / "standby.signal")
