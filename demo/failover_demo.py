@@ -153,6 +153,8 @@ class RunResult:
     coverage_at_failover: float = 0.0
     hot_buffers_at_failover: int = 0
     promote_seconds: float = 0.0
+    rejoin_coverage: float | None = None
+    rejoin_seconds: float | None = None
     tps_before: list[float] = field(default_factory=list)
     tps_after: list[float] = field(default_factory=list)
     reads_after: list[float] = field(default_factory=list)
@@ -203,7 +205,9 @@ def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.
         say(f"[{scenario.name} / {mode}] standby made cold (restartpoint, restart, page cache dropped)")
         cluster.make_standby_cold()
         if with_ccm:
-            agent = AgentProcess(cluster.primary.conninfo(), cluster.standby.conninfo(), base, interval="1s").start()
+            # Both strings name both nodes, as Patroni users write them: the agent picks each
+            # side by role, so it follows the failover without being told.
+            agent = AgentProcess(both_nodes(cluster, "read-write"), both_nodes(cluster, "standby"), base, interval="1s").start()
             say(f"[{scenario.name} / {mode}] ccm-agent running (metrics on 127.0.0.1:{agent.metrics_port})")
 
         say(f"[{scenario.name} / {mode}] warming the primary for {args.warm_seconds} s")
@@ -241,11 +245,41 @@ def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.
         result.seconds_to_90pct_stay = reaching_and_staying(after.tps, threshold)
         first10 = after.tps[:10]
         result.first_10s_pct = 100.0 * statistics.mean(first10) / result.pre_failover_tps if first10 and result.pre_failover_tps else 0.0
+        if agent is not None:
+            rejoin(cluster, scenario, args, result)
         return result
     finally:
         if agent is not None:
             agent.stop()
         cluster.destroy()
+
+
+def both_nodes(cluster: Cluster, target_session_attrs: str) -> str:
+    a, b = cluster.primary, cluster.standby
+    return (f"host=127.0.0.1,127.0.0.1 port={a.port},{b.port} user=postgres dbname=postgres "
+            f"connect_timeout=2 target_session_attrs={target_session_attrs}")
+
+
+def rejoin(cluster: Cluster, scenario: Scenario, args: argparse.Namespace, result: RunResult) -> None:
+    """The old primary comes back as a standby of the new one; the running agent warms it."""
+    old_primary, new_primary = cluster.primary, cluster.standby
+    say(f"[{scenario.name} / {result.mode}] rejoining the old primary as a standby of the new one (pg_rewind); "
+        "the agent is neither restarted nor reconfigured")
+    cluster.rejoin_as_standby(old_primary, new_primary)
+    cluster.primary, cluster.standby = new_primary, old_primary
+    cluster.wait_caught_up()
+    load = Workload(new_primary, scenario, args.clients, 30, "new primary")
+    started = time.monotonic()
+    while time.monotonic() - started < 30:
+        fraction, _ = coverage(new_primary, old_primary)
+        if fraction >= 0.99:
+            break
+        time.sleep(0.5)
+    result.rejoin_coverage, result.rejoin_seconds = fraction, time.monotonic() - started
+    load.process.terminate()
+    load.wait()
+    say(f"[{scenario.name} / {result.mode}] rejoined old primary holds {fraction:.1%} of the new primary's hot set "
+        f"after {result.rejoin_seconds:.0f} s")
 
 
 def fmt_seconds(value: float | None, limit: int) -> str:
@@ -257,9 +291,9 @@ def print_table(results: list[RunResult], args: argparse.Namespace) -> None:
         runs = [r for r in results if r.scenario == scenario]
         print()
         print(f"## {scenario}")
-        header = f"| {'figure':<58} |" + "".join(f" {r.mode:>16} |" for r in runs)
-        print(header)
-        print("|" + "-" * 60 + "|" + "".join("-" * 18 + "|" for _ in runs))
+        width = 60
+        print(f"| {'figure':<{width}} |" + "".join(f" {r.mode:>18} |" for r in runs))
+        print("|" + "-" * (width + 2) + "|" + "".join("-" * 20 + "|" for _ in runs))
         rows = [
             ("pre-failover TPS (mean of the last 20 s)", [f"{r.pre_failover_tps:.0f}" for r in runs]),
             ("coverage at failover (hot buffers cached on the standby)", [f"{r.coverage_at_failover:.1%}" for r in runs]),
@@ -268,9 +302,11 @@ def print_table(results: list[RunResult], args: argparse.Namespace) -> None:
             ("time to 90% of pre-failover TPS (and staying there)", [fmt_seconds(r.seconds_to_90pct_stay, args.after_seconds) for r in runs]),
             ("TPS in the first 10 s after promotion, % of pre-failover", [f"{r.first_10s_pct:.0f}%" for r in runs]),
             (f"blocks read from storage, first {args.after_seconds} s", [f"{r.blocks_read_first_60s}" for r in runs]),
+            ("rejoined old primary: coverage of the new primary's hot set", [
+                f"{r.rejoin_coverage:.1%} in {r.rejoin_seconds:.0f} s" if r.rejoin_coverage is not None else "-" for r in runs]),
         ]
         for label, values in rows:
-            print(f"| {label:<58} |" + "".join(f" {v:>16} |" for v in values))
+            print(f"| {label:<{width}} |" + "".join(f" {v:>18} |" for v in values))
         with_ccm = next((r for r in runs if r.mode == "with ccm-agent"), None)
         without = next((r for r in runs if r.mode == "without CCM"), None)
         if with_ccm and without and without.blocks_read_first_60s:
