@@ -228,6 +228,7 @@ def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.
         started = time.monotonic()
         cluster.standby.promote()
         result.promote_seconds = time.monotonic() - started
+        slot = cluster.reserve_wal_for_rejoin(cluster.standby) if with_ccm else None
 
         reads_at_promotion = int(cluster.standby.one("SELECT sum(blks_read)::int8 FROM pg_stat_database"))
         sampler = ReadSampler(cluster.standby)
@@ -246,7 +247,10 @@ def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.
         first10 = after.tps[:10]
         result.first_10s_pct = 100.0 * statistics.mean(first10) / result.pre_failover_tps if first10 and result.pre_failover_tps else 0.0
         if agent is not None:
-            rejoin(cluster, scenario, args, result)
+            try:
+                rejoin(cluster, scenario, args, result, slot)
+            except Exception as error:  # the failover figures stand on their own
+                say(f"[{scenario.name} / {mode}] rejoining the old primary failed: {error}")
         return result
     finally:
         if agent is not None:
@@ -260,12 +264,12 @@ def both_nodes(cluster: Cluster, target_session_attrs: str) -> str:
             f"connect_timeout=2 target_session_attrs={target_session_attrs}")
 
 
-def rejoin(cluster: Cluster, scenario: Scenario, args: argparse.Namespace, result: RunResult) -> None:
+def rejoin(cluster: Cluster, scenario: Scenario, args: argparse.Namespace, result: RunResult, slot: str | None) -> None:
     """The old primary comes back as a standby of the new one; the running agent warms it."""
     old_primary, new_primary = cluster.primary, cluster.standby
     say(f"[{scenario.name} / {result.mode}] rejoining the old primary as a standby of the new one (pg_rewind); "
         "the agent is neither restarted nor reconfigured")
-    cluster.rejoin_as_standby(old_primary, new_primary)
+    cluster.rejoin_as_standby(old_primary, new_primary, slot=slot)
     cluster.primary, cluster.standby = new_primary, old_primary
     cluster.wait_caught_up()
     load = Workload(new_primary, scenario, args.clients, 30, "new primary")

@@ -322,7 +322,13 @@ class Cluster:
         self.standby.start()
         self.wait_caught_up()
 
-    def rejoin_as_standby(self, old_primary: Node, new_primary: Node) -> None:
+    def reserve_wal_for_rejoin(self, new_primary: Node, slot: str = "rejoin") -> str:
+        """Creates a physical slot on the new primary right after promotion, as Patroni keeps
+        one per member, so the WAL the old primary needs to catch up is not recycled."""
+        new_primary.sql("SELECT pg_create_physical_replication_slot(%s, true)", [slot])
+        return slot
+
+    def rejoin_as_standby(self, old_primary: Node, new_primary: Node, slot: str | None = None) -> None:
         """pg_rewind the old primary onto the new one and start it as its standby.
 
         pg_rewind copies the source's configuration files, so the node's own port and the
@@ -340,6 +346,8 @@ class Cluster:
         # postgresql.auto.conf is read last; the copied one points at the node itself.
         with open(old_primary.datadir / "postgresql.auto.conf", "a") as conf:
             conf.write(f"primary_conninfo = 'host=127.0.0.1 port={new_primary.port} user=postgres'\n")
+            if slot:
+                conf.write(f"primary_slot_name = '{slot}'\n")
         old_primary.start()
 
     def destroy(self) -> None:

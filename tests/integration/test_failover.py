@@ -30,6 +30,7 @@ def test_agent_follows_a_failover_and_warms_the_rejoined_old_primary(cluster, lo
         load.stop()
         old_primary.kill()
         old_standby.promote()
+        slot = cluster.reserve_wal_for_rejoin(old_standby)
         agent.wait_for(lambda: "promoted" in agent.log() or "looking for a new" in agent.log(), "the agent to notice the failover")
         time.sleep(2)
         assert agent.alive()
@@ -37,7 +38,7 @@ def test_agent_follows_a_failover_and_warms_the_rejoined_old_primary(cluster, lo
 
         # The old primary comes back as a standby of the new one (pg_rewind); the agent,
         # not restarted nor reconfigured, warms it from the new primary.
-        cluster.rejoin_as_standby(old_primary, old_standby)
+        cluster.rejoin_as_standby(old_primary, old_standby, slot=slot)
         cluster.primary, cluster.standby = old_standby, old_primary
         cluster.wait_caught_up()
         cluster.make_standby_cold()
