@@ -6,4 +6,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 (cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+# Install scripts of earlier releases too, so that `CREATE EXTENSION pg_ccm VERSION ...` and
+# `ALTER EXTENSION pg_ccm UPDATE` from any release work (pgrx copies only the upgrade scripts).
+install -m 644 sql/pg_ccm--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 cargo build --locked --release -p ccm-agent

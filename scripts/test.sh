@@ -9,7 +9,7 @@ cd "$ROOT"
 "$ROOT/scripts/setup.sh"
 
 echo "==> unit tests (codec, agent)"
-cargo test --locked -p ccm-codec -p ccm-agent
+cargo test --locked -p ccm-codec -p ccm-walcache -p ccm-agent
 
 echo "==> install script matches the code"
 "$ROOT/scripts/check-sql.sh"

@@ -119,3 +119,16 @@ pub fn relation_path(rel: RelFork) -> String {
         owned
     }
 }
+
+/// The WAL flush position and the timeline WAL is being inserted on
+/// (`GetFlushRecPtr()` returns the timeline since PostgreSQL 15).
+pub fn wal_flush_position() -> (u64, u32) {
+    let mut timeline: pg_sys::TimeLineID = 0;
+    let flush = unsafe { pg_sys::GetFlushRecPtr(&mut timeline) };
+    (flush, timeline)
+}
+
+/// `ReplicationSlotControlLock`, a macro over `MainLWLockArray` (index 37 in 15).
+pub fn replication_slot_control_lock() -> *mut pg_sys::LWLock {
+    unsafe { std::ptr::addr_of_mut!((*pg_sys::MainLWLockArray.add(37)).lock) }
+}

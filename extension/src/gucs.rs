@@ -1,6 +1,6 @@
 //! Configuration parameters (all under the reserved `ccm.` prefix).
 
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::{pg_guard, pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
 
 /// `ccm.enabled`: the analog of Aurora's `apg_ccm_enabled`. When off, the CCM functions
 /// raise "Cluster Cache Manager is disabled" and the agent idles.
@@ -12,6 +12,24 @@ pub static USAGE_THRESHOLD: GucSetting<i32> = GucSetting::<i32>::new(3);
 /// `ccm.prewarm_readahead_threads`: threads that advise the kernel of `ccm_prewarm`'s
 /// upcoming reads; 0 leaves the advice to the backend itself.
 pub static PREWARM_READAHEAD_THREADS: GucSetting<i32> = GucSetting::<i32>::new(2);
+
+/// `ccm.logical_wal_cache`: size of the logical WAL cache in WAL pages (8 kB); 0 turns it
+/// off, 1 to 3 are raised to 4 (as Aurora's `rds.logical_wal_cache`).
+pub static LOGICAL_WAL_CACHE: GucSetting<i32> = GucSetting::<i32>::new(2048);
+
+/// 32 GB of WAL; more is a typo rather than a cache.
+const MAX_LOGICAL_WAL_CACHE: i32 = 4 * 1024 * 1024;
+
+/// Raises positive settings below the minimum, so that SHOW reports the size in use.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_logical_wal_cache(
+    new_value: *mut std::ffi::c_int,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    unsafe { *new_value = ccm_walcache::effective_cache_pages(*new_value) };
+    true
+}
 
 /// Largest useful threshold: BM_MAX_USAGE_COUNT is 5, so 4 still leaves a hot set.
 pub const MAX_USAGE_THRESHOLD: i32 = 4;
@@ -45,5 +63,21 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    // SAFETY: the check hook is guarded and only rewrites the proposed value.
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"ccm.logical_wal_cache",
+            c"Size of the logical replication WAL cache.",
+            c"The newest WAL pages, up to this size, are kept in memory for logical walsenders; 0 turns the cache off, and sizes below 4 pages are raised to 4.",
+            &LOGICAL_WAL_CACHE,
+            0,
+            MAX_LOGICAL_WAL_CACHE,
+            GucContext::Postmaster,
+            GucFlags::UNIT_XBLOCKS,
+            Some(check_logical_wal_cache),
+            None,
+            None,
+        );
+    }
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"ccm".as_ptr()) };
 }

@@ -18,6 +18,7 @@ mod prewarm;
 mod readahead;
 mod shmem;
 mod status;
+mod wal_cache;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
@@ -36,6 +37,7 @@ pub extern "C-unwind" fn _PG_init() {
     }
     gucs::init();
     shmem::init();
+    wal_cache::init();
 }
 
 // Nothing is executable by PUBLIC. Status and inspection go to pg_monitor; the transfer
@@ -59,6 +61,10 @@ REVOKE ALL ON FUNCTION ccm_hot_buffers(bytea, int4) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_buffer_filter(float8) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_hot_blocks(bytea, int8, int4) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_prewarm(bytea) FROM PUBLIC;
+REVOKE ALL ON FUNCTION aurora_stat_logical_wal_cache() FROM PUBLIC;
+REVOKE ALL ON FUNCTION aurora_stat_reset_wal_cache(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION get_oldest_wal_cache_ptr() FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_logical_wal_cache_status() FROM PUBLIC;
 
 GRANT EXECUTE ON FUNCTION aurora_ccm_status() TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_filter_info(bytea) TO pg_monitor, ccm_agent;
@@ -69,6 +75,10 @@ GRANT EXECUTE ON FUNCTION ccm_hot_buffers(bytea, int4) TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_buffer_filter(float8) TO ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_hot_blocks(bytea, int8, int4) TO ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_prewarm(bytea) TO ccm_agent;
+GRANT EXECUTE ON FUNCTION aurora_stat_logical_wal_cache() TO pg_monitor, ccm_agent;
+GRANT EXECUTE ON FUNCTION get_oldest_wal_cache_ptr() TO pg_monitor, ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_logical_wal_cache_status() TO pg_monitor, ccm_agent;
+-- Resetting statistics is for superusers, as pg_stat_reset() is.
 "#,
     name = "privileges",
     finalize,

@@ -335,4 +335,31 @@ mod tests {
         );
         assert_eq!(superuser, Ok(Some(false)));
     }
+
+    #[pg_test]
+    fn wal_cache_functions_without_logical_slots() {
+        // The test server runs with wal_level = replica: no logical slot can exist.
+        assert_eq!(one_i64("SELECT count(*) FROM aurora_stat_logical_wal_cache()"), 0);
+        assert_eq!(
+            Spi::get_one::<String>("SELECT aurora_stat_reset_wal_cache('missing')"),
+            Ok(Some("Replication slot not found. Please try again.".into()))
+        );
+        assert_eq!(
+            Spi::get_one::<String>("SELECT aurora_stat_reset_wal_cache(NULL)"),
+            Ok(Some("Reset the logical wal cache counter.".into()))
+        );
+        // The default cache: 2048 pages of 8 kB.
+        assert_eq!(Spi::get_one::<String>("SHOW ccm.logical_wal_cache"), Ok(Some("16MB".into())));
+        assert_eq!(one_i64("SELECT size_blocks FROM ccm_logical_wal_cache_status()"), 2048);
+        let monitor = |function: &str| {
+            Spi::get_one::<bool>(&format!(
+                "SELECT has_function_privilege('pg_monitor', '{function}', 'EXECUTE')"
+            ))
+            .unwrap()
+            .unwrap()
+        };
+        assert!(monitor("aurora_stat_logical_wal_cache()"));
+        assert!(monitor("get_oldest_wal_cache_ptr()"));
+        assert!(!monitor("aurora_stat_reset_wal_cache(text)"));
+    }
 }

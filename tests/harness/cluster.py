@@ -98,6 +98,8 @@ class Node:
     port: int
     base: Path
     settings: dict[str, Any] = field(default_factory=dict)
+    # RLIMIT_MEMLOCK for the server in bytes (prlimit --memlock); None inherits ours.
+    memlock: str | None = None
 
     @property
     def datadir(self) -> Path:
@@ -120,7 +122,14 @@ class Node:
 
     def start(self, wait: bool = True) -> None:
         argv = [str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w" if wait else "-W", "-t", "120", "start"]
-        run_pg(argv)
+        if self.memlock is not None:
+            # Raised by us (root) for the server; its user could not raise it above the hard limit.
+            argv = ["prlimit", f"--memlock={self.memlock}", "--", *_as_postgres(argv)]
+            result = subprocess.run(argv, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"{' '.join(argv)} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        else:
+            run_pg(argv)
         if wait:
             self.wait_ready()
 
@@ -260,9 +269,9 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.destroy()
 
-    def create(self, extensions: Iterable[str] = ("pg_ccm", "pg_buffercache"), template: Path | None = None) -> None:
+    def create(self, extensions: Iterable[str] = ("pg_ccm", "pg_buffercache"), template: Path | None = None, standby: bool = True) -> None:
         """Starts the primary (from `template`, a stopped data directory, if given; it is
-        copied, not used) and clones the standby from it."""
+        copied, not used) and clones the standby from it (unless `standby` is false)."""
         if template is None:
             self.init_primary(self.primary)
         else:
@@ -270,6 +279,8 @@ class Cluster:
         self.primary.start()
         for extension in extensions:
             self.primary.sql(f"CREATE EXTENSION IF NOT EXISTS {extension}")
+        if not standby:
+            return
         self.clone_standby(self.standby, self.primary)
         self.standby.start()
         self.wait_caught_up()

@@ -103,3 +103,29 @@ def test_create_extension_without_preloading_explains_what_to_do():
         assert node.one("SELECT 1") == 1
     finally:
         cluster.destroy()
+
+
+def test_an_upgrade_from_0_1_0_equals_a_fresh_install():
+    """ALTER EXTENSION pg_ccm UPDATE gives the same functions, with the same privileges."""
+    def surface(node: Node, dbname: str) -> list[tuple]:
+        return node.sql(
+            "SELECT p.oid::regprocedure::text, pg_get_function_result(p.oid), p.proacl::text "
+            "FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e' "
+            "JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'pg_ccm' ORDER BY 1", dbname=dbname)
+
+    cluster = Cluster()
+    try:
+        cluster.create(extensions=(), standby=False)
+        primary = cluster.primary
+        primary.sql("CREATE DATABASE fresh")
+        primary.sql("CREATE DATABASE upgraded")
+        primary.sql("CREATE EXTENSION pg_ccm", dbname="fresh")
+        primary.sql("CREATE EXTENSION pg_ccm VERSION '0.1.0'", dbname="upgraded")
+        old = surface(primary, "upgraded")
+        assert not any("wal_cache" in row[0] for row in old)
+        primary.sql("ALTER EXTENSION pg_ccm UPDATE", dbname="upgraded")
+        assert primary.one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ccm'", dbname="upgraded") == "0.2.0"
+        assert surface(primary, "upgraded") == surface(primary, "fresh")
+        assert len(surface(primary, "fresh")) == len(old) + 4
+    finally:
+        cluster.destroy()

@@ -1,0 +1,38 @@
+//! The logical replication write-through WAL cache (Aurora's `rds.logical_wal_cache`).
+//!
+//! `ccm.logical_wal_cache` pages of the newest WAL are kept in memory by a background
+//! worker (`segments.rs`, `worker.rs`), so that walsenders decoding recent changes read them
+//! from memory. Per-slot hits and misses (`shared.rs`, `slots.rs`) and the Aurora functions
+//! (`functions.rs`) report what the cache did for each logical slot.
+
+use std::time::Duration;
+
+use pgrx::bgworkers::{BackgroundWorkerBuilder, BgWorkerStartTime};
+
+mod functions;
+mod segments;
+mod shared;
+mod slots;
+mod worker;
+
+/// The cache size in WAL pages; 0 when the cache is off.
+pub fn cache_pages() -> u64 {
+    ccm_walcache::effective_cache_pages(crate::gucs::LOGICAL_WAL_CACHE.get()).max(0) as u64
+}
+
+/// Called from `_PG_init`, after the GUCs are defined.
+pub fn init() {
+    assert_eq!(pgrx::pg_sys::XLOG_BLCKSZ as u64, ccm_walcache::WAL_PAGE);
+    shared::init();
+    if cache_pages() == 0 {
+        return;
+    }
+    BackgroundWorkerBuilder::new("pg_ccm logical WAL cache")
+        .set_type("pg_ccm logical WAL cache")
+        .set_library("pg_ccm")
+        .set_function("pg_ccm_wal_cache_main")
+        .enable_shmem_access(None)
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(Duration::from_secs(5)))
+        .load();
+}

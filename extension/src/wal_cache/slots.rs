@@ -1,0 +1,106 @@
+//! Logical replication slots and how far each has decoded, read from shared memory.
+//!
+//! A slot's position is the furthest of its `confirmed_flush` and, while a walsender holds
+//! it, that walsender's `sentPtr` (for a logical walsender, the end of the last record it
+//! decoded). A backend decoding through `pg_logical_slot_get_changes()` publishes its
+//! progress only through `confirmed_flush`, when the call ends.
+//!
+//! Fields are read under `ReplicationSlotControlLock` (shared), which keeps slots from being
+//! created or dropped meanwhile, but without each slot's spinlock: the values are aligned
+//! machine words, so a read sees an old or a new value, never a torn one, and an old one only
+//! delays the accounting by one tick.
+
+use pgrx::pg_sys;
+
+use crate::compat;
+
+/// One logical slot as the WAL cache sees it.
+#[derive(Clone, Debug)]
+pub struct LogicalSlot {
+    /// Index in `ReplicationSlotCtl->replication_slots`.
+    pub index: usize,
+    pub name: String,
+    /// The process holding the slot (a walsender or a backend), 0 when inactive.
+    pub active_pid: i32,
+    /// How far the slot has decoded (see the module comment).
+    pub position: u64,
+}
+
+/// Holds `ReplicationSlotControlLock` in shared mode for its lifetime.
+struct SlotControlShared(*mut pg_sys::LWLock);
+
+impl SlotControlShared {
+    fn acquire() -> Self {
+        let lock = compat::replication_slot_control_lock();
+        unsafe { pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_SHARED) };
+        SlotControlShared(lock)
+    }
+}
+
+impl Drop for SlotControlShared {
+    fn drop(&mut self) {
+        // An ERROR raised while held is cleaned up by LWLockReleaseAll() instead.
+        unsafe { pg_sys::LWLockRelease(self.0) };
+    }
+}
+
+fn volatile<T: Copy>(field: &T) -> T {
+    unsafe { std::ptr::read_volatile(field) }
+}
+
+/// The `sentPtr` of each live walsender, by process id.
+fn walsender_positions() -> Vec<(i32, u64)> {
+    let mut positions = Vec::new();
+    unsafe {
+        let ctl = pg_sys::WalSndCtl;
+        if ctl.is_null() {
+            return positions;
+        }
+        let senders = (*ctl).walsnds.as_ptr();
+        for i in 0..pg_sys::max_wal_senders.max(0) as usize {
+            let sender = &*senders.add(i);
+            let pid = volatile(&sender.pid);
+            if pid != 0 {
+                positions.push((pid, volatile(&sender.sentPtr)));
+            }
+        }
+    }
+    positions
+}
+
+/// Every logical slot in use, oldest index first.
+pub fn logical_slots() -> Vec<LogicalSlot> {
+    let senders = walsender_positions();
+    let mut slots = Vec::new();
+    let _lock = SlotControlShared::acquire();
+    unsafe {
+        let ctl = pg_sys::ReplicationSlotCtl;
+        if ctl.is_null() {
+            return slots;
+        }
+        let array = (*ctl).replication_slots.as_ptr();
+        for index in 0..pg_sys::max_replication_slots.max(0) as usize {
+            let slot = &*array.add(index);
+            if !volatile(&slot.in_use) || slot.data.database == pg_sys::InvalidOid {
+                continue; // free, or a physical slot
+            }
+            let name = std::ffi::CStr::from_ptr(slot.data.name.data.as_ptr())
+                .to_string_lossy()
+                .into_owned();
+            let active_pid = volatile(&slot.active_pid);
+            let mut position = volatile(&slot.data.confirmed_flush);
+            if active_pid != 0 {
+                if let Some(&(_, sent)) = senders.iter().find(|(pid, _)| *pid == active_pid) {
+                    position = position.max(sent);
+                }
+            }
+            slots.push(LogicalSlot {
+                index,
+                name,
+                active_pid,
+                position,
+            });
+        }
+    }
+    slots
+}

@@ -1,0 +1,294 @@
+"""The logical WAL cache on a live primary: real slots (test_decoding through pg_recvlogical
+and the SQL functions, pgoutput through a real subscription), real WAL from pgbench.
+
+Counting, as the README defines it: a slot consumes a WAL page when its decoding position
+first passes the page's start; the page is a hit when the cache held it at the start of the
+10 ms tick in which the slot consumed it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from harness.cluster import Cluster, Node, free_port, pgbench
+from harness.logical import (PAGE, Recvlogical, lsn_to_int, pages_between, resident_bytes,
+                             wal_cache_row, wal_cache_status)
+
+LOGICAL = {"wal_level": "logical", "max_wal_size": "'1GB'", "checkpoint_timeout": "'30min'"}
+
+
+@contextmanager
+def primary_only(cache: str | None = None, memlock: str | None = None, **settings):
+    """A primary without standby, wal_level=logical, with the given cache size."""
+    extra = {**LOGICAL, **settings}
+    if cache is not None:
+        extra["ccm.logical_wal_cache"] = cache
+    cluster = Cluster(settings=extra)
+    cluster.primary.memlock = memlock
+    try:
+        cluster.create(extensions=("pg_ccm",), standby=False)
+        wait_for_worker(cluster.primary, expect=cache != "0")
+        yield cluster.primary
+    finally:
+        cluster.destroy()
+
+
+def wait_for_worker(node: Node, expect: bool = True) -> None:
+    if expect:
+        node.wait_until(lambda: wal_cache_status(node)["oldest_ptr"] is not None, "the WAL cache worker", timeout=30)
+
+
+def worker_processes(node: Node) -> list[str]:
+    """Command lines of the postmaster's children that are our worker."""
+    out = subprocess.run(["ps", "--ppid", str(node.postmaster_pid()), "-o", "args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pg_ccm logical WAL cache" in line]
+
+
+def current_lsn(node: Node) -> str:
+    return node.one("SELECT pg_current_wal_lsn()::text")
+
+
+def wait_counted(node: Node, slot: str, position: str, timeout: float = 60) -> dict:
+    """Waits until the counters reach `position` (a tick after the slot did)."""
+    def reached():
+        confirmed = node.one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot])
+        return lsn_to_int(confirmed) >= lsn_to_int(position)
+    node.wait_until(reached, f"slot {slot} at {position}", timeout=timeout)
+    time.sleep(0.1)  # ten ticks
+    return wal_cache_row(node, slot)
+
+
+def test_a_consumer_that_keeps_up_is_served_from_the_cache():
+    with primary_only() as primary:
+        pgbench(primary, "-i", "-s", "2", "-q")
+        created = primary.one("SELECT lsn::text FROM pg_create_logical_replication_slot('cdc', 'test_decoding')")
+        consumer = Recvlogical(primary, "cdc")
+        try:
+            primary.wait_until(lambda: wal_cache_row(primary, "cdc")["active_pid"] is not None, "pg_recvlogical to attach")
+            pgbench(primary, "-c", "2", "-j", "2", "-T", "5", "-n")
+            row = wait_counted(primary, "cdc", current_lsn(primary))
+            sent = primary.one("SELECT sent_lsn::text FROM pg_stat_replication WHERE application_name = 'pg_recvlogical'")
+            walsender = primary.one("SELECT pid FROM pg_stat_replication WHERE application_name = 'pg_recvlogical'")
+        finally:
+            consumer.stop()
+    written = pages_between(created, sent)
+    assert written > 300, "pgbench should have written a few MB of WAL"
+    # Every page from the slot's creation to what the walsender sent, counted once.
+    assert abs(row["blks_read"] - written) <= 2, (row, written)
+    assert row["blks_read"] == row["cache_hit"] + row["cache_miss"]
+    assert row["cache_miss"] <= written // 100, row
+    assert float(row["hit_rate"].rstrip("%")) >= 99.0, row
+    assert re.fullmatch(r"\d{1,3}\.\d\d%", row["hit_rate"])
+    assert row["active_pid"] == walsender
+
+
+def test_a_consumer_that_falls_behind_misses_what_left_the_cache():
+    cache_pages = 128  # 1 MB
+    with primary_only(cache=str(cache_pages)) as primary:
+        pgbench(primary, "-i", "-s", "2", "-q")
+        created = primary.one("SELECT lsn::text FROM pg_create_logical_replication_slot('late', 'test_decoding')")
+        pgbench(primary, "-c", "2", "-j", "2", "-T", "3", "-n")  # many MB, far beyond 1 MB
+        time.sleep(0.1)
+        oldest_before = primary.one("SELECT get_oldest_wal_cache_ptr()::text")
+        primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('late', NULL, NULL)")
+        confirmed = primary.one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'late'")
+        row = wait_counted(primary, "late", confirmed)
+    consumed = pages_between(created, confirmed)
+    held_when_read = pages_between(oldest_before, confirmed)
+    assert consumed > 4 * cache_pages
+    assert row["blks_read"] == consumed, (row, consumed)
+    # The pages the cache held when the slot read them are hits, the rest misses. The
+    # window may move on by a few pages of background WAL between our reading of its
+    # start and the decoding.
+    assert cache_pages - 8 <= row["cache_hit"] <= held_when_read + 8, (row, held_when_read)
+    assert row["cache_miss"] == consumed - row["cache_hit"]
+    assert row["active_pid"] is None
+
+
+def test_a_pgoutput_subscription_that_keeps_up_is_served_from_the_cache():
+    with primary_only() as primary:
+        pgbench(primary, "-i", "-s", "1", "-q")
+        primary.sql("CREATE PUBLICATION bench FOR TABLE pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history")
+        subscriber_cluster = Cluster(settings={"shared_preload_libraries": "''"})
+        subscriber = subscriber_cluster.primary
+        try:
+            subscriber_cluster.init_primary(subscriber)
+            subscriber.start()
+            pgbench(subscriber, "-i", "-I", "dtp", "-s", "1", "-q")  # the tables, empty
+            subscriber.sql(f"CREATE SUBSCRIPTION bench CONNECTION '{primary.conninfo()}' PUBLICATION bench WITH (copy_data = false)")
+            primary.wait_until(lambda: (wal_cache_row(primary, "bench") or {}).get("active_pid"), "the subscription's walsender")
+            pgbench(primary, "-c", "2", "-j", "2", "-T", "5", "-n")
+            end = current_lsn(primary)
+            primary.wait_until(
+                lambda: primary.one("SELECT replay_lsn >= %s::pg_lsn FROM pg_stat_replication WHERE application_name = 'bench'", [end]),
+                "the subscriber to catch up")
+            time.sleep(0.1)
+            row = wal_cache_row(primary, "bench")
+            walsender = primary.one("SELECT pid FROM pg_stat_replication WHERE application_name = 'bench'")
+            applied = subscriber.one("SELECT count(*) FROM pgbench_history")
+            source = primary.one("SELECT count(*) FROM pgbench_history")
+        finally:
+            subscriber_cluster.destroy()
+    assert applied == source > 0, "the subscription applied the inserts"
+    assert row["blks_read"] > 300
+    assert row["cache_miss"] <= row["blks_read"] // 100, row
+    assert row["active_pid"] == walsender
+
+
+def test_reset_and_unknown_slots():
+    with primary_only(cache="256") as primary:
+        pgbench(primary, "-i", "-s", "1", "-q")
+        for slot in ("one", "two"):
+            primary.sql("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", [slot])
+        pgbench(primary, "-c", "1", "-T", "1", "-n")
+        for slot in ("one", "two"):
+            primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes(%s, NULL, NULL)", [slot])
+        time.sleep(0.1)
+        before = {slot: wal_cache_row(primary, slot) for slot in ("one", "two")}
+        assert all(row["blks_read"] > 0 for row in before.values()), before
+
+        assert primary.one("SELECT aurora_stat_reset_wal_cache('one')") == "Reset the logical wal cache counter."
+        one, two = wal_cache_row(primary, "one"), wal_cache_row(primary, "two")
+        assert (one["cache_hit"], one["cache_miss"], one["blks_read"], one["hit_rate"]) == (0, 0, 0, None)
+        assert one["last_reset_timestamp"] > before["one"]["last_reset_timestamp"]
+        assert two == before["two"], "only the named slot is reset"
+
+        assert primary.one("SELECT aurora_stat_reset_wal_cache('nosuchslot')") == "Replication slot not found. Please try again."
+        primary.sql("SELECT pg_create_physical_replication_slot('physical')")
+        assert primary.one("SELECT aurora_stat_reset_wal_cache('physical')") == "Replication slot not found. Please try again."
+        assert wal_cache_row(primary, "physical") is None, "only logical slots are listed"
+
+        assert primary.one("SELECT aurora_stat_reset_wal_cache(NULL)") == "Reset the logical wal cache counter."
+        assert wal_cache_row(primary, "two")["blks_read"] == 0
+
+        # Counting goes on after a reset.
+        pgbench(primary, "-c", "1", "-T", "1", "-n")
+        primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('one', NULL, NULL)")
+        time.sleep(0.1)
+        assert wal_cache_row(primary, "one")["blks_read"] > 0
+
+        # Not for PUBLIC; reading is for pg_monitor.
+        primary.sql("CREATE ROLE watcher LOGIN; GRANT pg_monitor TO watcher; CREATE ROLE nobody LOGIN")
+        with primary.connect(user="watcher") as conn:
+            assert conn.execute("SELECT count(*) FROM aurora_stat_logical_wal_cache()").fetchone()[0] == 2
+            assert conn.execute("SELECT get_oldest_wal_cache_ptr() IS NOT NULL").fetchone()[0]
+        import psycopg
+        with primary.connect(user="nobody") as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM aurora_stat_logical_wal_cache()")
+        with primary.connect(user="watcher") as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT aurora_stat_reset_wal_cache(NULL)")
+
+
+def test_a_dropped_slot_disappears_and_a_new_one_starts_from_zero():
+    with primary_only(cache="256") as primary:
+        pgbench(primary, "-i", "-s", "1", "-q")
+        primary.sql("SELECT pg_create_logical_replication_slot('gone', 'test_decoding')")
+        pgbench(primary, "-c", "1", "-T", "1", "-n")
+        primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('gone', NULL, NULL)")
+        time.sleep(0.1)
+        first = wal_cache_row(primary, "gone")
+        assert first["blks_read"] > 0
+        primary.sql("SELECT pg_drop_replication_slot('gone')")
+        assert wal_cache_row(primary, "gone") is None
+        time.sleep(0.1)
+        primary.sql("SELECT pg_create_logical_replication_slot('gone', 'test_decoding')")
+        time.sleep(0.1)
+        again = wal_cache_row(primary, "gone")
+        assert again["blks_read"] == 0 and again["hit_rate"] is None
+        assert again["last_reset_timestamp"] > first["last_reset_timestamp"]
+
+
+def test_the_cache_off_has_no_worker_and_small_sizes_are_raised():
+    with primary_only(cache="0") as primary:
+        primary.sql("SELECT pg_create_logical_replication_slot('idle', 'test_decoding')")
+        pgbench(primary, "-i", "-s", "1", "-q")
+        primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('idle', NULL, NULL)")
+        time.sleep(0.1)
+        status = wal_cache_status(primary)
+        assert status["mode"] == "off" and status["worker_pid"] is None and status["held_blocks"] == 0
+        assert primary.one("SELECT get_oldest_wal_cache_ptr()") is None
+        assert worker_processes(primary) == []
+        row = wal_cache_row(primary, "idle")
+        assert (row["blks_read"], row["hit_rate"], row["last_reset_timestamp"]) == (0, None, None)
+
+        primary.write_settings({"ccm.logical_wal_cache": 2})
+        primary.restart()
+        assert primary.one("SHOW ccm.logical_wal_cache") == "32kB"  # raised to 4 pages
+        wait_for_worker(primary)
+        status = wal_cache_status(primary)
+        assert status["size_blocks"] == 4 and status["held_blocks"] == 4 and status["mode"] == "locked"
+        assert len(worker_processes(primary)) == 1
+        with pytest.raises(Exception, match="cannot be changed without restarting"):
+            primary.sql("SET ccm.logical_wal_cache = 100")
+
+
+def test_the_cache_holds_the_newest_wal_in_memory_across_a_restart():
+    cache_pages = 512  # 4 MB
+    with primary_only(cache=str(cache_pages)) as primary:
+        primary.sql("SELECT pg_create_logical_replication_slot('kept', 'test_decoding')")
+        pgbench(primary, "-i", "-s", "3", "-q")  # tens of MB of WAL
+        primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('kept', NULL, NULL)")
+        time.sleep(0.1)
+        check_the_window_survives_eviction(primary, cache_pages)
+
+        worker_before = wal_cache_status(primary)["worker_pid"]
+        primary.restart()
+        wait_for_worker(primary)
+        status = wal_cache_status(primary)
+        assert status["worker_pid"] != worker_before
+        check_the_window_survives_eviction(primary, cache_pages)
+        # Counting starts again at the slot's position, and a consumer that keeps up hits.
+        assert wal_cache_row(primary, "kept")["blks_read"] == 0
+        # Well under 4 MB of WAL, full-page images after the restart's checkpoint included.
+        pgbench(primary, "-c", "1", "-t", "30", "-n")
+        primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('kept', NULL, NULL)")
+        time.sleep(0.1)
+        row = wal_cache_row(primary, "kept")
+        assert row["blks_read"] > 0 and row["cache_miss"] == 0, row
+
+
+def check_the_window_survives_eviction(primary: Node, cache_pages: int) -> None:
+    """Drops pg_wal from the OS page cache (sync, then POSIX_FADV_DONTNEED on every file):
+    the pages the cache holds stay resident, the WAL before them goes."""
+    status = wal_cache_status(primary)
+    assert status["mode"] == "locked" and status["held_blocks"] == cache_pages, status
+    start, end = lsn_to_int(status["oldest_ptr"]), lsn_to_int(status["newest_ptr"])
+    segment_size = 16 * 1024 * 1024
+    timeline = primary.one("SELECT timeline_id FROM pg_control_checkpoint()")
+    subprocess.run(["sync"], check=True)
+    subprocess.run(["vmtouch", "-q", "-e", str(primary.datadir / "pg_wal")], check=True)
+    # Each segment overlapping the held window keeps at least its share of it.
+    for segno in range(start // segment_size, (end - 1) // segment_size + 1):
+        seg_start, seg_end = segno * segment_size, (segno + 1) * segment_size
+        share = min(end, seg_end) - max(start, seg_start)
+        name = f"{timeline:08X}{segno // 256:08X}{segno % 256:08X}"
+        assert resident_bytes(primary.datadir / "pg_wal" / name) >= share, name
+    older = start // segment_size - 1
+    if older >= 0:
+        name = f"{timeline:08X}{older // 256:08X}{older % 256:08X}"
+        path = primary.datadir / "pg_wal" / name
+        if path.exists():
+            assert resident_bytes(path) == 0, f"{name}, before the window, should have been dropped"
+
+
+def test_a_low_memory_lock_limit_locks_the_newest_pages_only():
+    # The default cache is 16 MB; lower the server's RLIMIT_MEMLOCK to 4 MB (raising it
+    # would need CAP_SYS_RESOURCE, which these machines' root lacks).
+    with primary_only(memlock=str(4 * 1024 * 1024)) as primary:
+        pgbench(primary, "-i", "-s", "3", "-q")
+        time.sleep(0.2)
+        status = wal_cache_status(primary)
+        limits = Path(f"/proc/{status['worker_pid']}/limits").read_text()
+        assert re.search(r"Max locked memory\s+4194304\s+4194304", limits), limits
+        assert status["mode"] == "partly locked", status
+        assert status["lock_limit_bytes"] == 4 * 1024 * 1024
+        assert status["locked_blocks"] == 512
+        # The rest of the window is held while it stays resident.
+        assert 512 < status["held_blocks"] <= 2048
+        locked_kb = int(re.search(r"VmLck:\s+(\d+) kB", Path(f"/proc/{status['worker_pid']}/status").read_text()).group(1))
+        assert locked_kb == 4096
