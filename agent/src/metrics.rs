@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use crate::node::Side;
+use crate::node::{Side, WalCacheStatus};
 
 /// Where in a cycle an error happened; the `stage` label of `ccm_agent_cycle_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,7 +78,15 @@ pub struct Metrics {
     pub enabled: Gauge,
     pub filter_bytes: Gauge,
     pub block_list_bytes: Gauge,
+    pub wal_cache_held_blocks: Gauge,
+    pub wal_cache_locked_blocks: Gauge,
+    wal_cache_slot_hits: Family<SlotLabels, Gauge>,
+    wal_cache_slot_misses: Family<SlotLabels, Gauge>,
+    /// Slot names with series, so that dropped slots' series can be removed.
+    wal_cache_slots: std::sync::Mutex<Vec<String>>,
 }
+
+type SlotLabels = [(&'static str, String); 1];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -105,6 +113,11 @@ impl Metrics {
             enabled: Gauge::default(),
             filter_bytes: Gauge::default(),
             block_list_bytes: Gauge::default(),
+            wal_cache_held_blocks: Gauge::default(),
+            wal_cache_locked_blocks: Gauge::default(),
+            wal_cache_slot_hits: Family::default(),
+            wal_cache_slot_misses: Family::default(),
+            wal_cache_slots: std::sync::Mutex::default(),
             registry: Registry::default(),
         };
         // Counters get their `_total` suffix from the encoder.
@@ -180,6 +193,27 @@ impl Metrics {
             m.block_list_bytes.clone(),
         );
 
+        registry.register(
+            "wal_cache_held_blocks",
+            "WAL pages the primary's logical WAL cache holds in memory",
+            m.wal_cache_held_blocks.clone(),
+        );
+        registry.register(
+            "wal_cache_locked_blocks",
+            "WAL pages of the logical WAL cache locked in memory (mlock)",
+            m.wal_cache_locked_blocks.clone(),
+        );
+        registry.register(
+            "wal_cache_slot_hit_blocks",
+            "WAL pages a logical slot consumed from the cache since its last reset (aurora_stat_logical_wal_cache cache_hit)",
+            m.wal_cache_slot_hits.clone(),
+        );
+        registry.register(
+            "wal_cache_slot_miss_blocks",
+            "WAL pages a logical slot consumed from outside the cache since its last reset (cache_miss)",
+            m.wal_cache_slot_misses.clone(),
+        );
+
         // Every label value exists from the start, so dashboards and alerts see zeros rather
         // than absent series before the first fault.
         for stage in Stage::ALL {
@@ -225,6 +259,33 @@ impl Metrics {
         self.hot_set_blocks.set(saturating_i64(hot_buffers_found));
         self.coverage_ratio
             .set(coverage(hot_buffers_found, blocks_in_list));
+    }
+
+    /// The primary's logical WAL cache; slots that are gone lose their series.
+    pub fn wal_cache(&self, status: &WalCacheStatus) {
+        self.wal_cache_held_blocks.set(status.held_blocks);
+        self.wal_cache_locked_blocks.set(status.locked_blocks);
+        let mut known = self
+            .wal_cache_slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for gone in known
+            .iter()
+            .filter(|name| !status.slots.iter().any(|s| &s.name == *name))
+        {
+            self.wal_cache_slot_hits.remove(&[("slot", gone.clone())]);
+            self.wal_cache_slot_misses.remove(&[("slot", gone.clone())]);
+        }
+        known.clear();
+        for slot in &status.slots {
+            self.wal_cache_slot_hits
+                .get_or_create(&[("slot", slot.name.clone())])
+                .set(slot.cache_hit);
+            self.wal_cache_slot_misses
+                .get_or_create(&[("slot", slot.name.clone())])
+                .set(slot.cache_miss);
+            known.push(slot.name.clone());
+        }
     }
 
     /// The OpenMetrics text exposition.
@@ -407,6 +468,41 @@ mod tests {
         assert_eq!(s["ccm_agent_cycles_total"], 1.0);
         assert_eq!(s["ccm_agent_last_cycle_duration_seconds"], 1.5);
         assert!(s["ccm_agent_last_cycle_timestamp_seconds"] > 1.6e9);
+    }
+
+    #[test]
+    fn wal_cache_slots_come_and_go() {
+        use crate::node::WalCacheSlot;
+        let m = Metrics::new();
+        let slot = |name: &str, hit, miss| WalCacheSlot {
+            name: name.into(),
+            cache_hit: hit,
+            cache_miss: miss,
+            blks_read: hit + miss,
+            ..Default::default()
+        };
+        let mut status = WalCacheStatus {
+            mode: "locked".into(),
+            size_blocks: 2048,
+            held_blocks: 2048,
+            locked_blocks: 1024,
+            slots: vec![slot("cdc", 90, 10), slot("old", 1, 2)],
+            ..Default::default()
+        };
+        m.wal_cache(&status);
+        let s = samples(&m.render());
+        assert_eq!(s["ccm_agent_wal_cache_held_blocks"], 2048.0);
+        assert_eq!(s["ccm_agent_wal_cache_locked_blocks"], 1024.0);
+        assert_eq!(s["ccm_agent_wal_cache_slot_hit_blocks{slot=\"cdc\"}"], 90.0);
+        assert_eq!(s["ccm_agent_wal_cache_slot_miss_blocks{slot=\"old\"}"], 2.0);
+        status.slots.pop();
+        m.wal_cache(&status);
+        let s = samples(&m.render());
+        assert!(!s.contains_key("ccm_agent_wal_cache_slot_hit_blocks{slot=\"old\"}"));
+        assert_eq!(
+            s["ccm_agent_wal_cache_slot_miss_blocks{slot=\"cdc\"}"],
+            10.0
+        );
     }
 
     #[test]

@@ -203,6 +203,41 @@ pub struct CcmStatus {
     pub current_scan_progress: i64,
 }
 
+/// The logical WAL cache of a primary (`ccm_logical_wal_cache_status()`).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct WalCacheStatus {
+    /// off, starting, empty, locked, partly locked or mapped.
+    pub mode: String,
+    pub size_blocks: i64,
+    pub held_blocks: i64,
+    pub locked_blocks: i64,
+    pub oldest_ptr: Option<String>,
+    pub newest_ptr: Option<String>,
+    pub slots: Vec<WalCacheSlot>,
+}
+
+/// One row of `aurora_stat_logical_wal_cache()`.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct WalCacheSlot {
+    pub name: String,
+    pub active_pid: Option<i32>,
+    pub cache_hit: i64,
+    pub cache_miss: i64,
+    pub blks_read: i64,
+    pub hit_rate: Option<String>,
+}
+
+/// The first extension version with the logical WAL cache.
+const WAL_CACHE_SINCE: (u32, u32) = (0, 2);
+
+fn has_wal_cache(extension_version: Option<&str>) -> bool {
+    let Some(version) = extension_version else {
+        return false;
+    };
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= WAL_CACHE_SINCE
+}
+
 const SQL_FACTS: &str = "SELECT pg_is_in_recovery(), \
      (SELECT system_identifier FROM pg_control_system())::text, \
      (SELECT setting::int8 FROM pg_settings WHERE name = 'shared_buffers'), \
@@ -216,6 +251,10 @@ const SQL_PREWARM: &str =
 const SQL_STATUS: &str = "SELECT buffers_sent_last_minute, buffers_found_last_minute, \
      buffers_sent_last_scan, buffers_found_last_scan, buffers_sent_current_scan, \
      buffers_found_current_scan, current_scan_progress FROM aurora_ccm_status()";
+const SQL_WAL_CACHE: &str = "SELECT mode, size_blocks, held_blocks, locked_blocks, \
+     oldest_ptr::text, newest_ptr::text FROM ccm_logical_wal_cache_status()";
+const SQL_WAL_CACHE_SLOTS: &str = "SELECT name, active_pid, cache_hit, cache_miss, blks_read, \
+     hit_rate FROM aurora_stat_logical_wal_cache() ORDER BY name";
 const SQL_HOT_COUNT: &str = "SELECT count(*) FROM ccm_hot_buffers()";
 const SQL_MISSING_COUNT: &str = "SELECT count(*) FROM ccm_hot_buffers($1::bytea)";
 
@@ -486,6 +525,47 @@ impl Node {
         })
     }
 
+    /// Primary: its logical WAL cache and the slots' counters; None when the installed
+    /// extension predates the cache.
+    pub async fn wal_cache(&mut self) -> Result<Option<WalCacheStatus>, NodeError> {
+        if !has_wal_cache(self.facts.extension_version.as_deref()) {
+            return Ok(None);
+        }
+        let row = self
+            .query_one("ccm_logical_wal_cache_status()", SQL_WAL_CACHE, &[])
+            .await?;
+        let mut status = WalCacheStatus {
+            mode: row.get(0),
+            size_blocks: row.get(1),
+            held_blocks: row.get(2),
+            locked_blocks: row.get(3),
+            oldest_ptr: row.get(4),
+            newest_ptr: row.get(5),
+            slots: Vec::new(),
+        };
+        let stmt = self
+            .statement("aurora_stat_logical_wal_cache()", SQL_WAL_CACHE_SLOTS)
+            .await?;
+        let rows = self
+            .guarded(
+                "aurora_stat_logical_wal_cache()",
+                self.client.query(&stmt, &[]),
+            )
+            .await?;
+        status.slots = rows
+            .iter()
+            .map(|r| WalCacheSlot {
+                name: r.get(0),
+                active_pid: r.get(1),
+                cache_hit: r.get(2),
+                cache_miss: r.get(3),
+                blks_read: r.get(4),
+                hit_rate: r.get(5),
+            })
+            .collect();
+        Ok(Some(status))
+    }
+
     /// Primary: hot buffers, all of them or only those `filter` lacks.
     pub async fn hot_buffers_count(&mut self, filter: Option<&[u8]>) -> Result<i64, NodeError> {
         let row = match filter {
@@ -563,6 +643,15 @@ pub async fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wal_cache_needs_extension_0_2() {
+        assert!(!has_wal_cache(None));
+        assert!(!has_wal_cache(Some("0.1.0")));
+        assert!(has_wal_cache(Some("0.2.0")));
+        assert!(has_wal_cache(Some("0.10.1")));
+        assert!(has_wal_cache(Some("1.0")));
+    }
 
     #[test]
     fn sides() {

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::conninfo::ConnInfo;
 use crate::metrics::coverage;
-use crate::node::{self, CcmStatus, ConnectOptions, Node, NodeError, Side};
+use crate::node::{self, CcmStatus, ConnectOptions, Node, NodeError, Side, WalCacheStatus};
 
 /// The false positive rate of the filter status asks for: lower than the loop's, because
 /// here the filter is used once to count, and every false positive hides a missing block.
@@ -75,6 +75,8 @@ pub struct StatusReport {
     pub status: Option<CcmStatus>,
     pub buffers_sent_per_second: Option<f64>,
     pub buffers_found_per_second: Option<f64>,
+    /// The primary's logical WAL cache (extension 0.2 and later).
+    pub wal_cache: Option<WalCacheStatus>,
     /// True when nothing below stops the agent from syncing.
     pub ok: bool,
     pub problems: Vec<String>,
@@ -136,6 +138,31 @@ impl StatusReport {
                 "this scan    sent {} / found {} buffers, progress {}",
                 s.buffers_sent_current_scan, s.buffers_found_current_scan, s.current_scan_progress
             );
+        }
+        if let Some(w) = &self.wal_cache {
+            let _ = writeln!(
+                out,
+                "WAL cache    {}: {} of {} pages held ({}), {} locked, oldest {}",
+                w.mode,
+                w.held_blocks,
+                w.size_blocks,
+                mib(w.held_blocks),
+                w.locked_blocks,
+                w.oldest_ptr.as_deref().unwrap_or("-"),
+            );
+            for slot in &w.slots {
+                let _ = writeln!(
+                    out,
+                    "  slot {:<20} hit rate {:>7}  ({} hits, {} misses){}",
+                    slot.name,
+                    slot.hit_rate.as_deref().unwrap_or("-"),
+                    slot.cache_hit,
+                    slot.cache_miss,
+                    slot.active_pid
+                        .map(|pid| format!(", active pid {pid}"))
+                        .unwrap_or_default(),
+                );
+            }
         }
         for p in &self.problems {
             let _ = writeln!(out, "PROBLEM: {p}");
@@ -245,6 +272,10 @@ async fn collect_numbers(report: &mut StatusReport, primary: &mut Node, standby:
         }
         Err(e) => note_error(report, e),
     }
+    match primary.wal_cache().await {
+        Ok(w) => report.wal_cache = w,
+        Err(e) => note_error(report, e),
+    }
     let hot = match primary.hot_buffers_count(None).await {
         Ok(h) => Some(h),
         Err(e) => {
@@ -334,6 +365,22 @@ mod tests {
             }),
             buffers_sent_per_second: Some(10.0),
             buffers_found_per_second: Some(100.0),
+            wal_cache: Some(WalCacheStatus {
+                mode: "partly locked".into(),
+                size_blocks: 2048,
+                held_blocks: 2048,
+                locked_blocks: 1024,
+                oldest_ptr: Some("0/3000000".into()),
+                newest_ptr: Some("0/4000000".into()),
+                slots: vec![crate::node::WalCacheSlot {
+                    name: "debezium".into(),
+                    active_pid: Some(4242),
+                    cache_hit: 999,
+                    cache_miss: 1,
+                    blks_read: 1000,
+                    hit_rate: Some("99.90%".into()),
+                }],
+            }),
             ok: true,
             problems: vec![],
         }
@@ -369,6 +416,9 @@ mod tests {
         ] {
             assert!(v["status"][key].is_i64(), "status.{key}: {v}");
         }
+        assert_eq!(v["wal_cache"]["mode"], "partly locked");
+        assert_eq!(v["wal_cache"]["slots"][0]["hit_rate"], "99.90%");
+        assert_eq!(v["wal_cache"]["slots"][0]["cache_miss"], 1);
         assert_eq!(v["ok"], true);
         assert!(v["problems"].as_array().unwrap().is_empty());
     }
@@ -393,6 +443,18 @@ mod tests {
         assert!(text.contains("role standby"), "{text}");
         assert!(text.contains("coverage 98.0%"), "{text}");
         assert!(text.contains("(10.0/s)"), "{text}");
+        assert!(
+            text.contains(
+                "WAL cache    partly locked: 2048 of 2048 pages held (16.0 MiB), 1024 locked"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("slot debezium")
+                && text.contains("99.90%")
+                && text.contains("active pid 4242"),
+            "{text}"
+        );
         assert!(!text.contains("PROBLEM"), "{text}");
     }
 

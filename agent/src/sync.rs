@@ -272,6 +272,14 @@ impl Syncer {
             .block_list_bytes
             .set(saturating_i64(list_bytes.len() as u64));
 
+        // The primary's logical WAL cache, for the metrics only: a failure here is logged
+        // and never stops the cycle.
+        match self.node(Side::Primary).wal_cache().await {
+            Ok(Some(status)) => self.metrics.wal_cache(&status),
+            Ok(None) => {}
+            Err(error) => debug!(%error, "reading the logical WAL cache status failed"),
+        }
+
         // (3) Decode and split, hottest first.
         let list = BlockList::decode(&list_bytes).map_err(|e| CycleError::Decode(e.to_string()))?;
         report.hot_buffers = list.header.hot_buffers_found;

@@ -292,3 +292,31 @@ def test_a_low_memory_lock_limit_locks_the_newest_pages_only():
         assert 512 < status["held_blocks"] <= 2048
         locked_kb = int(re.search(r"VmLck:\s+(\d+) kB", Path(f"/proc/{status['worker_pid']}/status").read_text()).group(1))
         assert locked_kb == 4096
+
+
+def test_the_agent_reports_the_wal_cache(log_dir):
+    from harness.agent import AgentProcess, run_agent_json
+
+    with Cluster(settings=LOGICAL) as cluster:
+        primary = cluster.primary
+        primary.sql("CREATE ROLE ccm LOGIN IN ROLE ccm_agent, pg_monitor")
+        pgbench(primary, "-i", "-s", "1", "-q")
+        primary.sql("SELECT pg_create_logical_replication_slot('cdc', 'test_decoding')")
+        consumer = Recvlogical(primary, "cdc")
+        agent = AgentProcess(primary.conninfo(user="ccm"), cluster.standby.conninfo(user="ccm"), log_dir)
+        try:
+            pgbench(primary, "-c", "1", "-T", "2", "-n")
+            wait_counted(primary, "cdc", current_lsn(primary))
+            status = run_agent_json("status", "--primary", primary.conninfo(user="ccm"),
+                                    "--standby", cluster.standby.conninfo(user="ccm"))
+            with agent:
+                agent.wait_for(lambda: agent.metric('ccm_agent_wal_cache_slot_hit_blocks{slot="cdc"}') > 0,
+                               "the slot's hits in the metrics")
+                assert agent.metric("ccm_agent_wal_cache_held_blocks") > 0
+        finally:
+            consumer.stop()
+    cache = status["wal_cache"]
+    assert cache["mode"] in ("locked", "partly locked") and cache["size_blocks"] == 2048
+    [slot] = cache["slots"]
+    assert slot["name"] == "cdc" and slot["blks_read"] > 0 and slot["active_pid"] is not None
+    assert slot["hit_rate"].endswith("%")
