@@ -100,6 +100,8 @@ class Node:
     settings: dict[str, Any] = field(default_factory=dict)
     # RLIMIT_MEMLOCK for the server in bytes (prlimit --memlock); None inherits ours.
     memlock: str | None = None
+    # A command the server is started under (for example one that enters a cgroup).
+    wrapper: list[str] = field(default_factory=list)
 
     @property
     def datadir(self) -> Path:
@@ -122,9 +124,12 @@ class Node:
 
     def start(self, wait: bool = True) -> None:
         argv = [str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w" if wait else "-W", "-t", "120", "start"]
-        if self.memlock is not None:
-            # Raised by us (root) for the server; its user could not raise it above the hard limit.
-            argv = ["prlimit", f"--memlock={self.memlock}", "--", *_as_postgres(argv)]
+        if self.memlock is not None or self.wrapper:
+            argv = _as_postgres(argv)
+            if self.memlock is not None:
+                # Set by us (root) for the server.
+                argv = ["prlimit", f"--memlock={self.memlock}", "--", *argv]
+            argv = [*self.wrapper, *argv]
             result = subprocess.run(argv, capture_output=True, text=True)
             if result.returncode != 0:
                 raise RuntimeError(f"{' '.join(argv)} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}")
