@@ -70,10 +70,16 @@ def _chown_to_postgres(path: Path) -> None:
         os.chown(path, entry.pw_uid, entry.pw_gid)
 
 
-def _alive(pid: int) -> bool:
+def _exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
+        return False
+    return True
+
+
+def _alive(pid: int) -> bool:
+    if not _exists(pid):
         return False
     # A zombie still answers kill(0); it holds nothing.
     try:
@@ -142,6 +148,20 @@ class Node:
         if self.is_running():
             run_pg([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "-t", "120", "stop"])
 
+    def finish_crash_recovery(self) -> None:
+        """Replays a crashed (stopped, not shut down) node's WAL and shuts it down cleanly,
+        keeping every WAL segment, as Patroni does before pg_rewind.
+
+        pg_rewind would run this recovery itself, but its end-of-recovery checkpoint recycles
+        the segments before it, and pg_rewind then reads the old primary's WAL backwards from
+        the divergence to the last checkpoint before it: after a write burst longer than
+        wal_keep_size that checkpoint's segment is gone. With archive_mode on and an
+        archive_command that fails, no unarchived segment is recycled.
+        """
+        run_pg([str(PG_BIN / "postgres"), "--single", "-F", "-D", str(self.datadir),
+                "-c", "archive_mode=on", "-c", "archive_command=false", "postgres"],
+               stdin=subprocess.DEVNULL)
+
     def restart(self) -> None:
         self.stop()
         self.start()
@@ -154,13 +174,7 @@ class Node:
 
     def is_running(self) -> bool:
         pid = self.postmaster_pid()
-        if pid is None:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return pid is not None and _alive(pid)
 
     def kill(self) -> None:
         """SIGKILL the postmaster, as a crash would, and wait until its children are gone
@@ -173,6 +187,10 @@ class Node:
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(_alive(p) for p in processes):
+            time.sleep(0.1)
+        # Until its parent reaps it, the postmaster's zombie still answers kill(pid, 0), and
+        # PostgreSQL's own lock-file check then refuses to start in its data directory.
+        while time.monotonic() < deadline and _exists(pid):
             time.sleep(0.1)
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -352,6 +370,7 @@ class Cluster:
         """
         if old_primary.is_running():
             old_primary.stop("immediate")
+        old_primary.finish_crash_recovery()
         # A just-promoted server's control file names its new timeline only after its first
         # checkpoint; before that, pg_rewind sees one timeline and rewinds nothing.
         new_primary.sql("CHECKPOINT")

@@ -6,7 +6,7 @@ import signal
 import time
 
 from harness.agent import AgentProcess
-from harness.cluster import coverage, pgbench
+from harness.cluster import Cluster, coverage, pgbench
 
 from test_warmup import wait_for_coverage, warm_primary
 
@@ -93,3 +93,25 @@ def test_agent_waits_for_a_dead_primary_without_spinning(cluster, load_factory, 
         agent.wait_for(lambda: agent.metric("ccm_agent_cycles_total") > cycles + 3, "cycles once the primary is back", timeout=20)
         fraction, _ = coverage(cluster.primary, cluster.standby)
         assert fraction >= 0.9
+
+
+def test_old_primary_rejoins_after_more_wal_than_wal_keep_size():
+    """pg_rewind reads the old primary's WAL back from the divergence to the last checkpoint
+    before it; the crash recovery before it must not recycle those segments, however much
+    WAL the old primary wrote since that checkpoint."""
+    with Cluster(settings={"shared_buffers": "'128MB'", "wal_keep_size": "'16MB'", "max_wal_size": "'1GB'"}) as cluster:
+        old_primary, old_standby = cluster.primary, cluster.standby
+        old_primary.sql("CHECKPOINT")
+        # About 60 MB of WAL after the last checkpoint, four times wal_keep_size.
+        pgbench(old_primary, "-i", "-s", "4", "-q")
+        cluster.wait_caught_up()
+        old_primary.kill()
+        old_standby.promote()
+        slot = cluster.reserve_wal_for_rejoin(old_standby)
+        old_standby.sql("CREATE TABLE after_failover AS SELECT 1 AS written_on_the_new_timeline")
+
+        cluster.rejoin_as_standby(old_primary, old_standby, slot=slot)
+        cluster.primary, cluster.standby = old_standby, old_primary
+        cluster.wait_caught_up()
+        assert old_primary.one("SELECT pg_is_in_recovery()") is True
+        assert old_primary.one("SELECT written_on_the_new_timeline FROM after_failover") == 1
