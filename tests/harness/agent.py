@@ -42,7 +42,10 @@ def run_agent_json(*args: str, timeout: float = 120) -> dict[str, Any]:
 class AgentProcess:
     """`ccm-agent run` in the background, with its log in a file."""
 
-    def __init__(self, primary: str, standby: str, log_dir: Path, interval: str = "200ms", extra: list[str] | None = None):
+    def __init__(self, primary: str, standby: str, log_dir: Path, interval: str = "200ms", extra: list[str] | None = None,
+                 launcher: list[str] | None = None):
+        # A command the agent is started under (the demo's makes it die with the demo).
+        self.launcher = launcher or []
         self.metrics_port = free_port()
         self.log_path = Path(log_dir) / f"ccm-agent-{self.metrics_port}.log"
         self.args = [
@@ -59,7 +62,7 @@ class AgentProcess:
 
     def start(self) -> "AgentProcess":
         self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(agent_command(*self.args), stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen([*self.launcher, *agent_command(*self.args)], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -67,9 +70,11 @@ class AgentProcess:
                 return self
             except OSError:
                 if self.process.poll() is not None:
-                    raise RuntimeError(f"ccm-agent exited with {self.process.returncode}:\n{self.log()}")
+                    self._log.close()
+                    raise RuntimeError(f"ccm-agent exited with {self.process.returncode}:\n{self.log()[-3000:]}")
                 if time.monotonic() > deadline:
-                    raise
+                    self.stop()
+                    raise RuntimeError(f"ccm-agent served no metrics within 30 s:\n{self.log()[-3000:]}")
                 time.sleep(0.1)
 
     def alive(self) -> bool:
