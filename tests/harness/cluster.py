@@ -108,6 +108,9 @@ class Node:
     memlock: str | None = None
     # A command the server is started under (for example one that enters a cgroup).
     wrapper: list[str] = field(default_factory=list)
+    # Start the server with the CAP_IPC_LOCK capability (as systemd's AmbientCapabilities
+    # would), so that mlock() is not bound by RLIMIT_MEMLOCK.
+    ipc_lock: bool = False
 
     @property
     def datadir(self) -> Path:
@@ -130,8 +133,12 @@ class Node:
 
     def start(self, wait: bool = True) -> None:
         argv = [str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w" if wait else "-W", "-t", "120", "start"]
-        if self.memlock is not None or self.wrapper:
-            argv = _as_postgres(argv)
+        if self.memlock is not None or self.wrapper or self.ipc_lock:
+            if self.ipc_lock and _running_as_root():
+                argv = ["setpriv", f"--reuid={OS_USER}", f"--regid={OS_USER}", "--init-groups",
+                        "--inh-caps=+ipc_lock", "--ambient-caps=+ipc_lock", "--", *argv]
+            else:
+                argv = _as_postgres(argv)
             if self.memlock is not None:
                 # Set by us (root) for the server.
                 argv = ["prlimit", f"--memlock={self.memlock}", "--", *argv]

@@ -7,6 +7,7 @@ first passes the page's start; the page is a hit when the cache held it at the s
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -23,13 +24,14 @@ LOGICAL = {"wal_level": "logical", "max_wal_size": "'1GB'", "checkpoint_timeout"
 
 
 @contextmanager
-def primary_only(cache: str | None = None, memlock: str | None = None, **settings):
+def primary_only(cache: str | None = None, memlock: str | None = None, ipc_lock: bool = False, **settings):
     """A primary without standby, wal_level=logical, with the given cache size."""
     extra = {**LOGICAL, **settings}
     if cache is not None:
         extra["ccm.logical_wal_cache"] = cache
     cluster = Cluster(settings=extra)
     cluster.primary.memlock = memlock
+    cluster.primary.ipc_lock = ipc_lock
     try:
         cluster.create(extensions=("pg_ccm",), standby=False)
         wait_for_worker(cluster.primary, expect=cache != "0")
@@ -292,6 +294,24 @@ def test_a_low_memory_lock_limit_locks_the_newest_pages_only():
         assert 512 < status["held_blocks"] <= 2048
         locked_kb = int(re.search(r"VmLck:\s+(\d+) kB", Path(f"/proc/{status['worker_pid']}/status").read_text()).group(1))
         assert locked_kb == 4096
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="granting CAP_IPC_LOCK to the server needs root")
+def test_cap_ipc_lock_locks_the_whole_cache_beyond_the_memory_lock_limit():
+    # As systemd's AmbientCapabilities=CAP_IPC_LOCK would: mlock() then ignores RLIMIT_MEMLOCK,
+    # here held at 4 MB under the default 16 MB cache.
+    with primary_only(memlock=str(4 * 1024 * 1024), ipc_lock=True) as primary:
+        pgbench(primary, "-i", "-s", "3", "-q")
+        time.sleep(0.2)
+        status = wal_cache_status(primary)
+        worker_status = Path(f"/proc/{status['worker_pid']}/status").read_text()
+        assert int(re.search(r"CapEff:\s+([0-9a-f]+)", worker_status).group(1), 16) & (1 << 14), worker_status
+        assert status["mode"] == "locked", status
+        assert status["lock_limit_bytes"] is None
+        assert status["locked_blocks"] == status["held_blocks"] == 2048
+        locked_kb = int(re.search(r"VmLck:\s+(\d+) kB", worker_status).group(1))
+        assert locked_kb == 16 * 1024
+        check_the_window_survives_eviction(primary, 2048)
 
 
 def test_the_agent_reports_the_wal_cache(log_dir):

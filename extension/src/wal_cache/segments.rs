@@ -118,8 +118,12 @@ fn page_size() -> usize {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
 
-/// The lock budget: RLIMIT_MEMLOCK after raising the soft limit to the hard one.
+/// The lock budget: unlimited with CAP_IPC_LOCK, else RLIMIT_MEMLOCK after raising the
+/// soft limit to the hard one.
 pub fn raise_lock_limit() -> u64 {
+    if has_ipc_lock_capability() {
+        return u64::MAX;
+    }
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -143,6 +147,20 @@ pub fn raise_lock_limit() -> u64 {
     } else {
         limit.rlim_cur
     }
+}
+
+/// Whether this process may lock memory beyond RLIMIT_MEMLOCK: `mlock()` ignores the limit
+/// for a process with CAP_IPC_LOCK in its effective set (systemd's AmbientCapabilities).
+fn has_ipc_lock_capability() -> bool {
+    const CAP_IPC_LOCK: u32 = 14; // linux/capability.h
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << CAP_IPC_LOCK) != 0)
 }
 
 /// What the cache covers after a step.
