@@ -2,7 +2,7 @@
 """Logical WAL cache benchmark: catch-up of a paused logical consumer after a write burst,
 with the cache off, at its default and at a size that covers the burst, side by side.
 
-    python3 bench/wal_cache_bench.py [--scale 10] [--burst-transactions 60000] [--memory 768M]
+    python3 bench/wal_cache_bench.py [--scale 10] [--burst-transactions 60000] [--memory 512M]
 
 For each cache size (0, 2048 pages = 16 MB, and one that covers the burst) it:
   1. starts a primary (wal_level=logical, shared_buffers 128MB) inside a memory cgroup
@@ -23,13 +23,15 @@ from the disk, to emulate network block storage (EBS gp3's baseline: 3000 IOPS, 
 instead of this machine's local disk.
 
 The server runs with the memory-lock limit of this machine (RLIMIT_MEMLOCK 8 MB for
-postgres here; see README: pages beyond it are held by touching, not locking).
+postgres here; see README: pages beyond it are held by touching, not locking), or with
+--ipc-lock, with the CAP_IPC_LOCK capability, which lifts the limit.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -106,7 +108,9 @@ class Streamer:
     """Reads a large file again and again through the page cache, inside the cgroup."""
 
     def __init__(self, cgroup: MemoryCgroup, path: Path):
-        script = f"while true; do dd if={path} of=/dev/null bs=1M status=none; done"
+        # Dropped from the page cache before every pass, so that each pass really reads it and
+        # its pages are charged to this cgroup (pages cached by an earlier run are not).
+        script = f"while true; do vmtouch -q -e {path}; dd if={path} of=/dev/null bs=1M status=none; done"
         self.process = subprocess.Popen([*cgroup.wrapper, "sh", "-c", script], start_new_session=True)
 
     def stop(self) -> None:
@@ -158,6 +162,19 @@ def walsender_read_bytes(pid: int) -> int | None:
     return None
 
 
+def settle_restart_lsn(primary: Node, timeout: float = 15) -> None:
+    """Lets the running consumer move the slot's restart_lsn up to now, so that the paused
+    consumer re-reads the burst and not also up to 15 s of the WAL before it: a checkpoint
+    logs the running transactions, which give decoding a new restart point once confirmed."""
+    primary.sql("CHECKPOINT")
+    target = primary.one("SELECT pg_current_wal_lsn()::text")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if primary.one("SELECT restart_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = 'bench'", [target]):
+            return
+        time.sleep(0.2)
+
+
 BURST_SCRIPT = "INSERT INTO burst (payload) SELECT repeat(md5(random()::text), 4) FROM generate_series(1, 40);\n"
 
 
@@ -169,6 +186,7 @@ def run_one(args: argparse.Namespace, cache_pages: int, big_file: Path) -> dict:
         "max_wal_size": "'4GB'", "checkpoint_timeout": "'30min'", "wal_keep_size": "0",
     })
     cluster.primary.wrapper = cgroup.wrapper
+    cluster.primary.ipc_lock = args.ipc_lock
     if args.read_iops or args.read_mbps:
         throttle = BlkioThrottle(f"pg_ccm_bench_{cache_pages}", data_device(cluster.base), args.read_iops, args.read_mbps)
         cluster.primary.wrapper = [*throttle.wrapper, *cgroup.wrapper]
@@ -188,16 +206,20 @@ def run_one(args: argparse.Namespace, cache_pages: int, big_file: Path) -> dict:
             out = pgbench(primary, "-c", "2", "-j", "2", "-T", str(args.tps_seconds), "-n").stdout
             result["tps"] = tps_of(out)
             result["worker_cpu_pct"] = 100 * (cpu_seconds(worker) - cpu_before) / args.tps_seconds if worker else 0.0
+            settle_restart_lsn(primary)
         finally:
             consumer.stop()
 
         primary.sql("SELECT aurora_stat_reset_wal_cache(NULL)")
-        start = primary.one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'bench'")
+        # Decoding resumes at restart_lsn, which trails confirmed_flush by up to the interval
+        # of running-xacts records (15 s): that WAL is read again, though nothing is sent.
+        start, restart = primary.sql("SELECT confirmed_flush_lsn::text, restart_lsn::text FROM pg_replication_slots WHERE slot_name = 'bench'")[0]
         script = cluster.base / "burst.sql"
         script.write_text(BURST_SCRIPT)
         pgbench(primary, "-c", "4", "-j", "2", "-t", str(args.burst_transactions // 4), "-n", "-f", str(script))
         end = primary.one("SELECT pg_current_wal_flush_lsn()::text")
         result["burst_mb"] = pages_between(start, end) * 8192 / 2**20
+        result["reread_mb"] = pages_between(restart, end) * 8192 / 2**20
         time.sleep(0.2)
         result["held_blocks"] = wal_cache_status(primary)["held_blocks"]
 
@@ -251,15 +273,20 @@ def main() -> None:
     parser.add_argument("--read-mbps", type=int, default=0, help="throttle the server's reads to this many MB/s (0: no limit)")
     parser.add_argument("--covering-pages", type=int, default=0,
                         help="the cache size that covers the burst, in 8 kB pages (default: measured burst + 25%%)")
-    parser.add_argument("--memory", default="768M", help="memory limit of the server's cgroup")
+    parser.add_argument("--memory", default="512M", help="memory limit of the server's cgroup")
     parser.add_argument("--hog-mb", type=int, default=200,
                         help="anonymous memory taken in the cgroup while the consumer catches up (default 200)")
     parser.add_argument("--stream-file-mb", type=int, default=2048, help="size of the file streamed for memory pressure")
     parser.add_argument("--pressure-seconds", type=float, default=5.0, help="streaming before the consumer resumes")
     parser.add_argument("--tps-seconds", type=int, default=20, help="length of the TPS measurement")
+    parser.add_argument("--ipc-lock", action="store_true",
+                        help="start the server with CAP_IPC_LOCK (systemd: AmbientCapabilities=CAP_IPC_LOCK), "
+                             "so that the whole cache is locked whatever RLIMIT_MEMLOCK says")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--workdir", type=Path, default=Path("/var/tmp/pg_ccm-bench"))
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so that servers, cgroups and the pressure processes go.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if not CGROUP_ROOT.is_dir():
         sys.exit(f"{CGROUP_ROOT} is missing: this benchmark needs the cgroup v1 memory controller")
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -270,8 +297,9 @@ def main() -> None:
     sizes = [0, 2048, args.covering_pages]
     for index, pages in enumerate(sizes):
         if pages == 0 and index == 2:
-            # Size the covering cache from the burst measured in the first run.
-            pages = int(results[0]["burst_mb"] * 1.25 * 128)
+            # Size the covering cache from what the first two runs decoded on resume (from
+            # restart_lsn to the end of the burst), plus a quarter.
+            pages = int(max(r["reread_mb"] for r in results) * 1.25 * 128)
         say(f"== ccm.logical_wal_cache = {pages} pages ({pages * 8 / 1024:.0f} MB)")
         result = run_one(args, pages, big_file)
         say("   " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()))
@@ -280,8 +308,15 @@ def main() -> None:
     say()
     storage = "local disk, unthrottled"
     if args.read_iops or args.read_mbps:
-        storage = f"reads throttled to {args.read_iops or 'any'} IOPS and {args.read_mbps or 'any'} MB/s"
-    say(f"Catch-up after a write burst of {results[0]['burst_mb']:.0f} MB of WAL "
+        limits = [f"{args.read_iops} IOPS" if args.read_iops else "", f"{args.read_mbps} MB/s" if args.read_mbps else ""]
+        storage = "reads throttled to " + " and ".join(limit for limit in limits if limit)
+    if args.ipc_lock:
+        storage += "; server with CAP_IPC_LOCK"
+    else:
+        storage += "; server with this machine's RLIMIT_MEMLOCK (8 MB)"
+    reread = ", ".join(f"{r['reread_mb']:.0f}" for r in results)
+    say(f"Catch-up after a write burst of {results[0]['burst_mb']:.0f} MB of WAL; decoding resumes at the slot's "
+        f"restart_lsn and reads {reread} MB per run "
         f"(pgbench scale {args.scale}, cgroup memory {args.memory} with {args.hog_mb} MB taken and a {args.stream_file_mb} MB file streamed meanwhile, {storage})")
     say()
     say("| ccm.logical_wal_cache | held at resume | catch-up | walsender reads from storage | cache_hit | cache_miss | hit_rate | TPS before the burst | worker CPU |")
