@@ -165,6 +165,7 @@ class Node:
         wal_keep_size that checkpoint's segment is gone. With archive_mode on and an
         archive_command that fails, no unarchived segment is recycled.
         """
+        self.wait_until_reaped()
         run_pg([str(PG_BIN / "postgres"), "--single", "-F", "-D", str(self.datadir),
                 "-c", "archive_mode=on", "-c", "archive_command=false", "postgres"],
                stdin=subprocess.DEVNULL)
@@ -195,9 +196,14 @@ class Node:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(_alive(p) for p in processes):
             time.sleep(0.1)
-        # Until its parent reaps it, the postmaster's zombie still answers kill(pid, 0), and
-        # PostgreSQL's own lock-file check then refuses to start in its data directory.
-        while time.monotonic() < deadline and _exists(pid):
+
+    def wait_until_reaped(self, timeout: float = 30) -> None:
+        """Waits until a killed postmaster's zombie is reaped (by init, after a second or two
+        here): until then it still answers kill(pid, 0), and PostgreSQL's own lock-file check
+        refuses to start in its data directory."""
+        pid = self.postmaster_pid()
+        deadline = time.monotonic() + timeout
+        while pid is not None and time.monotonic() < deadline and _exists(pid):
             time.sleep(0.1)
 
     def wait_ready(self, timeout: float = 60) -> None:
