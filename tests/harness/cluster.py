@@ -369,6 +369,13 @@ class Cluster:
         self.standby.start()
         self.wait_caught_up()
 
+    def both_nodes_conninfo(self, target_session_attrs: str) -> str:
+        """Both nodes in one libpq multi-host string, as Patroni users write them: whoever
+        connects picks a side by role, so it follows a failover and finds a rejoined node."""
+        a, b = self.primary, self.standby
+        return (f"host=127.0.0.1,127.0.0.1 port={a.port},{b.port} user=postgres dbname=postgres "
+                f"connect_timeout=2 target_session_attrs={target_session_attrs}")
+
     def reserve_wal_for_rejoin(self, new_primary: Node, slot: str = "rejoin") -> str:
         """Creates a physical slot on the new primary right after promotion, as Patroni keeps
         one per member, so the WAL the old primary needs to catch up is not recycled."""

@@ -11,18 +11,11 @@ from harness.cluster import Cluster, coverage, pgbench
 from test_warmup import wait_for_coverage, warm_primary
 
 
-def both_hosts(cluster, **extra) -> str:
-    """One multi-host connection string naming both nodes, as Patroni users write them."""
-    a, b = cluster.primary, cluster.standby
-    parts = {"host": "127.0.0.1,127.0.0.1", "port": f"{a.port},{b.port}", "user": "postgres", "dbname": "postgres", "connect_timeout": 2, **extra}
-    return " ".join(f"{k}={v}" for k, v in parts.items())
-
-
 def test_agent_follows_a_failover_and_warms_the_rejoined_old_primary(cluster, load_factory, log_dir):
     old_primary, old_standby = cluster.primary, cluster.standby
     load = warm_primary(load_factory, cluster)
-    primary_side = both_hosts(cluster, target_session_attrs="read-write")
-    standby_side = both_hosts(cluster, target_session_attrs="standby")
+    primary_side = cluster.both_nodes_conninfo("read-write")
+    standby_side = cluster.both_nodes_conninfo("standby")
     with AgentProcess(primary_side, standby_side, log_dir, interval="300ms") as agent:
         assert wait_for_coverage(cluster, 0.99, timeout=10)[0] >= 0.99
 
