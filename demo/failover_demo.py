@@ -261,6 +261,12 @@ class ReadSampler:
         return self.rates(origin, self.fpi_samples)
 
 
+def mean_rate(series: list[list[float]], start: float, end: float) -> float | None:
+    """Mean of a [time, rate] series over start <= time <= end, None if no sample falls there."""
+    rates = [rate for t, rate in series if start <= t <= end]
+    return round(statistics.mean(rates), 1) if rates else None
+
+
 def blocks_read(node: Node) -> int:
     return int(node.one("SELECT sum(blks_read)::int8 FROM pg_stat_database"))
 
@@ -337,14 +343,6 @@ def compute_figures(result: RunResult, after_tps: list[float], offset: float) ->
         result.post_failover_steady_tps = statistics.mean(after_tps[-PRE_WINDOW:])
 
 
-def both_nodes(cluster: Cluster, target_session_attrs: str) -> str:
-    """Both nodes in one multi-host string, as Patroni users write them: the agent picks each
-    side by role, so it follows the failover and warms the old primary once it rejoins."""
-    a, b = cluster.primary, cluster.standby
-    return (f"host=127.0.0.1,127.0.0.1 port={a.port},{b.port} user=postgres dbname=postgres "
-            f"connect_timeout=2 target_session_attrs={target_session_attrs}")
-
-
 def build_template(scenario: Scenario, args: argparse.Namespace, workdir: Path) -> Path:
     """One primary data directory with the pgbench data, stopped, copied for every run."""
     say(f"[{scenario.name}] building the data set once: pgbench -i -s {scenario.scale}")
@@ -383,7 +381,7 @@ def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.
         say(f"{tag} standby made cold: restartpoint, restart, its files dropped from the OS page cache")
         cluster.make_standby_cold()
         if with_ccm:
-            agent = AgentProcess(both_nodes(cluster, "read-write"), both_nodes(cluster, "standby"), cluster.base,
+            agent = AgentProcess(cluster.both_nodes_conninfo("read-write"), cluster.both_nodes_conninfo("standby"), cluster.base,
                                  interval=args.agent_interval, launcher=DIE_WITH_US)
             agent.start()
             say(f"{tag} ccm-agent running (every {args.agent_interval}; metrics on 127.0.0.1:{agent.metrics_port})")
@@ -432,14 +430,11 @@ def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.
         result.reads_before = [list(p) for p in sampler.rates(promoted)]
         result.reads_after = [list(p) for p in sampler_after.rates(promoted)]
         load_ended = result.tps_before[-1][0] if result.tps_before else result.kill_at
-        pre_reads = [rate for t, rate in result.reads_before if load_ended - PRE_WINDOW <= t <= load_ended + 1]
-        result.pre_failover_reads_per_s = round(statistics.mean(pre_reads), 1) if pre_reads else None
         result.fpi_before = [list(p) for p in sampler.fpi_rates(promoted)]
         result.fpi_after = [list(p) for p in sampler_after.fpi_rates(promoted)]
-        pre_fpi = [rate for t, rate in result.fpi_before if load_ended - PRE_WINDOW <= t <= load_ended + 1]
-        result.pre_failover_fpi_per_s = round(statistics.mean(pre_fpi), 1) if pre_fpi else None
-        early_fpi = [rate for t, rate in result.fpi_after if t <= 10.5]
-        result.first_10s_fpi_per_s = round(statistics.mean(early_fpi), 1) if early_fpi else None
+        result.pre_failover_reads_per_s = mean_rate(result.reads_before, load_ended - PRE_WINDOW, load_ended + 1)
+        result.pre_failover_fpi_per_s = mean_rate(result.fpi_before, load_ended - PRE_WINDOW, load_ended + 1)
+        result.first_10s_fpi_per_s = mean_rate(result.fpi_after, float("-inf"), 10.5)
         compute_figures(result, after.tps, result.promotion_to_workload_s)
         say(f"{tag} new primary read {result.blocks_read_after} blocks from storage in its first "
             f"{args.after_seconds} s; 90% of the pre-failover TPS first reached "
