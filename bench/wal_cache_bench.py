@@ -272,7 +272,7 @@ def main() -> None:
     parser.add_argument("--read-iops", type=int, default=0, help="throttle the server's reads to this many IOPS (0: no limit)")
     parser.add_argument("--read-mbps", type=int, default=0, help="throttle the server's reads to this many MB/s (0: no limit)")
     parser.add_argument("--covering-pages", type=int, default=0,
-                        help="the cache size that covers the burst, in 8 kB pages (default: measured burst + 25%%)")
+                        help="the cache size that covers the burst, in 8 kB pages (default: what the first two runs decoded on resume, from restart_lsn to the end of the burst, + 25%%)")
     parser.add_argument("--memory", default="512M", help="memory limit of the server's cgroup")
     parser.add_argument("--hog-mb", type=int, default=200,
                         help="anonymous memory taken in the cgroup while the consumer catches up (default 200)")
