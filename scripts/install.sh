@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
 # Builds and installs the extension into the system PostgreSQL 15 and builds ccm-agent
 # (target/release/ccm-agent). Used by the tests and the demo.
+#
+#   --test-build   build the extension with the `failpoints` feature (fault injection for
+#                  the race tests, extension/src/failpoints.rs); scripts/test.sh uses it.
+#                  Never deploy such a build.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" >/dev/null)
+FEATURES=()
+case "${1:-}" in
+    --test-build) FEATURES=(--features failpoints) ;;
+    "") ;;
+    *) echo "usage: $0 [--test-build]" >&2; exit 2 ;;
+esac
+(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" "${FEATURES[@]}" >/dev/null)
 # Install scripts of earlier releases too, so that `CREATE EXTENSION pg_ccm VERSION ...` and
 # `ALTER EXTENSION pg_ccm UPDATE` from any release work (pgrx copies only the upgrade scripts).
 install -m 644 sql/pg_ccm--*.sql "$("$PG_CONFIG" --sharedir)/extension/"

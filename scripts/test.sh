@@ -20,5 +20,5 @@ install -d -o postgres -g postgres "$PGRX_TEST_DIR"
 (cd extension && cargo pgrx test pg15 --runas postgres --pgdata "$PGRX_TEST_DIR/data")
 
 echo "==> integration tests (primary + streaming standby)"
-"$ROOT/scripts/install.sh"
+"$ROOT/scripts/install.sh" --test-build
 python3 -m pytest -p no:cacheprovider -v tests/integration "$@"

@@ -11,6 +11,7 @@ mod buffers;
 mod catalog_oid;
 mod compat;
 mod errors;
+mod failpoints;
 mod filter;
 mod gucs;
 mod hot_blocks;
@@ -35,6 +36,7 @@ pub extern "C-unwind" fn _PG_init() {
             Some("Add pg_ccm to shared_preload_libraries in postgresql.conf on every node and restart the server."),
         );
     }
+    failpoints::init();
     gucs::init();
     shmem::init();
     wal_cache::init();

@@ -27,6 +27,7 @@ use pgrx::PgSqlErrorCode;
 use crate::buffers;
 use crate::compat;
 use crate::errors;
+use crate::failpoints;
 use crate::gucs;
 use crate::readahead::{Progress, ReadaheadPlan};
 
@@ -307,6 +308,7 @@ fn drop_stale_buffers(forks: &[ForkState], outcome: &mut Outcome) {
     if forks.iter().all(|fork| fork.highest_loaded.is_none()) {
         return;
     }
+    failpoints::prewarm_delay();
     unsafe { pg_sys::AcceptInvalidationMessages() };
     for fork in forks {
         let Some(highest) = fork.highest_loaded else { continue };
@@ -319,6 +321,7 @@ fn drop_stale_buffers(forks: &[ForkState], outcome: &mut Outcome) {
         })
         .unwrap_or(0);
         if highest >= nblocks_now {
+            failpoints::prewarm_delay();
             compat::drop_buffers_from(fork.rel, nblocks_now);
             outcome.stale_buffers_dropped += u64::from(highest - nblocks_now) + 1;
         }

@@ -1,0 +1,50 @@
+//! Fault injection for test builds: widens race windows so that the integration tests can
+//! catch races that are microseconds wide in production.
+//!
+//! Compiled only with the `failpoints` cargo feature (`scripts/install.sh --test-build`).
+//! A release build has neither this code nor its GUC, `ccm.test_prewarm_delay_ms`:
+//! `SET ccm.test_prewarm_delay_ms` fails there as for any unknown parameter of a reserved
+//! prefix.
+
+#[cfg(feature = "failpoints")]
+mod enabled {
+    use pgrx::{pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
+
+    /// `ccm.test_prewarm_delay_ms`: how long ccm_prewarm() sleeps at each failpoint.
+    pub static PREWARM_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+    pub fn init() {
+        GucRegistry::define_int_guc(
+            c"ccm.test_prewarm_delay_ms",
+            c"Test builds only: ccm_prewarm() sleeps this long at each failpoint.",
+            c"Widens the window between reading blocks and the checks that follow, for race tests.",
+            &PREWARM_DELAY_MS,
+            0,
+            60_000,
+            GucContext::Suset,
+            GucFlags::UNIT_MS,
+        );
+    }
+
+    /// Sleeps `ccm.test_prewarm_delay_ms`, answering interrupts every 10 ms.
+    pub fn prewarm_delay() {
+        let mut left = PREWARM_DELAY_MS.get();
+        while left > 0 {
+            let step = left.min(10);
+            unsafe { pg_sys::pg_usleep(i64::from(step) * 1000) };
+            pg_sys::check_for_interrupts!();
+            left -= step;
+        }
+    }
+}
+
+#[cfg(feature = "failpoints")]
+pub use enabled::{init, prewarm_delay};
+
+#[cfg(not(feature = "failpoints"))]
+pub fn init() {}
+
+/// A failpoint: does nothing in a release build.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn prewarm_delay() {}
