@@ -20,6 +20,20 @@
 //! gap ≥ 1, so runs never touch and blocks are strictly increasing. The encoding of a
 //! given list is unique, and decoding checks all of it. A clustered hot set costs about
 //! half a byte per block (its usage nibble).
+//!
+//! Reading a list, from cheapest to dearest (none panics on any input; the last two run
+//! the same checks in the same order, so they refuse the same inputs with the same errors):
+//!
+//! - [`decode_block_list_header`]: the header alone, and that the input is long enough
+//!   for the counts it declares (at most two blocks per byte).
+//! - [`BlockListView::parse_bounded`]: the whole list, in place, allocating nothing; then
+//!   [`BlockListView::iter`] streams its blocks. For consumers that need each block once
+//!   (row by row output), whatever the list's size.
+//! - [`BlockList::decode_bounded`]: materialises the blocks (about 5 bytes each). The
+//!   caller's `max_blocks` is checked against the header before anything is allocated,
+//!   and allocation uses `try_reserve`, so a hostile header yields `TooManyBlocks` or
+//!   `OutOfMemory`, never an abort. [`BlockList::decode`] has no limit but the input's
+//!   length: for trusted input (the agent).
 
 use crate::address::{BlockAddress, HotBlock, RelFork, MAX_BLOCK, MAX_FORK, MAX_USAGE};
 use crate::error::{DecodeError, EncodeError};
@@ -191,7 +205,9 @@ fn u64_at(bytes: &[u8], offset: usize) -> u64 {
     u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("8 bytes"))
 }
 
-/// Validates and returns the header alone (cheap: does not read the groups).
+/// Validates and returns the header alone (cheap: does not read the groups). The counts it
+/// returns are bounded by the input's length: at most one relation fork per 16 bytes and
+/// two blocks per byte.
 pub fn decode_block_list_header(bytes: &[u8]) -> Result<BlockListHeader, DecodeError> {
     if bytes.len() >= 4 && bytes[0..4] != BLOCK_LIST_MAGIC {
         return Err(DecodeError::BadMagic { expected: "block list" });
@@ -232,8 +248,104 @@ pub fn decode_block_list_header(bytes: &[u8]) -> Result<BlockListHeader, DecodeE
     Ok(header)
 }
 
-fn read_group(bytes: &[u8], offset: &mut usize, index: u32, remaining_blocks: u64) -> Result<BlockGroup, DecodeError> {
-    if bytes.len() < *offset + 13 {
+/// Rejects a list that declares more blocks than the caller accepts.
+fn check_limit(header: &BlockListHeader, max_blocks: u64) -> Result<(), DecodeError> {
+    if u64::from(header.blocks) > max_blocks {
+        return Err(DecodeError::TooManyBlocks { declared: header.blocks.into(), limit: max_blocks });
+    }
+    Ok(())
+}
+
+/// An empty vector with room for exactly `len` items, or `OutOfMemory`.
+fn try_vec<T>(len: u64) -> Result<Vec<T>, DecodeError> {
+    let out_of_memory = || DecodeError::OutOfMemory { bytes: len.saturating_mul(std::mem::size_of::<T>() as u64) };
+    let len = usize::try_from(len).map_err(|_| out_of_memory())?;
+    let mut vec = Vec::new();
+    vec.try_reserve_exact(len).map_err(|_| out_of_memory())?;
+    Ok(vec)
+}
+
+/// One relation fork of a list, read in place: its runs have been checked (order, range,
+/// count against the header), its usage nibbles are where they should be.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupView<'a> {
+    rel: RelFork,
+    run_count: u32,
+    /// The run varints.
+    runs: &'a [u8],
+    /// One nibble per block, low nibble first.
+    usage: &'a [u8],
+    len: u64,
+}
+
+impl<'a> GroupView<'a> {
+    pub fn rel(&self) -> RelFork {
+        self.rel
+    }
+
+    /// Blocks in this relation fork (at least one in a valid list).
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The runs of consecutive blocks, as (first, last) inclusive, in order.
+    pub fn runs(&self) -> Runs<'a> {
+        Runs { bytes: self.runs, offset: 0, left: self.run_count, next_start: 0 }
+    }
+
+    /// The blocks with their usage counts, in order.
+    pub fn iter(&self) -> GroupBlocks<'a> {
+        GroupBlocks { rel: self.rel, runs: self.runs(), next: 1, last: 0, usage: self.usage, nibble: 0, left: self.len }
+    }
+
+    /// The block number of the `n`th block (for error messages).
+    fn nth_block(&self, mut n: u64) -> u32 {
+        for (first, last) in self.runs() {
+            let span = u64::from(last - first) + 1;
+            if n < span {
+                return first + n as u32;
+            }
+            n -= span;
+        }
+        0
+    }
+
+    /// Every usage count is at most MAX_USAGE and the padding nibble of an odd count is 0.
+    fn check_usage(&self, index: u32) -> Result<(), DecodeError> {
+        for (i, &byte) in self.usage.iter().enumerate() {
+            let low_nibble = 2 * i as u64;
+            for (nibble, value) in [(low_nibble, byte & 0x0F), (low_nibble + 1, byte >> 4)] {
+                if nibble < self.len && value > MAX_USAGE {
+                    return Err(DecodeError::Usage { index, block: self.nth_block(nibble), value });
+                }
+            }
+        }
+        if self.len % 2 == 1 && self.usage.last().is_some_and(|&last| last >> 4 != 0) {
+            return Err(DecodeError::Padding { index });
+        }
+        Ok(())
+    }
+}
+
+impl<'a> IntoIterator for GroupView<'a> {
+    type Item = HotBlock;
+    type IntoIter = GroupBlocks<'a>;
+
+    fn into_iter(self) -> GroupBlocks<'a> {
+        self.iter()
+    }
+}
+
+/// Reads relation fork `index` at `*offset` and checks everything but its usage counts
+/// (`GroupView::check_usage`) and its order after the previous fork. `found` blocks came
+/// before it; the header declares `declared`. Allocates nothing.
+fn scan_group<'a>(bytes: &'a [u8], offset: &mut usize, index: u32, declared: u32, found: u64) -> Result<GroupView<'a>, DecodeError> {
+    let remaining_blocks = u64::from(declared).saturating_sub(found);
+    if bytes.len().saturating_sub(*offset) < 13 {
         return Err(DecodeError::Truncated { len: bytes.len(), field: "a relation fork header" });
     }
     let rel = RelFork {
@@ -250,7 +362,8 @@ fn read_group(bytes: &[u8], offset: &mut usize, index: u32, remaining_blocks: u6
     if run_count == 0 {
         return Err(DecodeError::NoRuns { index });
     }
-    let mut blocks = Vec::new();
+    let runs_start = *offset;
+    let mut len: u64 = 0;
     let mut next_start: u64 = 0; // first block the next run may start at
     for run in 0..run_count {
         let gap = varint::read(bytes, offset, "a run")?;
@@ -263,58 +376,287 @@ fn read_group(bytes: &[u8], offset: &mut usize, index: u32, remaining_blocks: u6
         if end > u64::from(MAX_BLOCK) {
             return Err(DecodeError::BlockRange { index, run });
         }
-        if blocks.len() as u64 + length > remaining_blocks {
-            return Err(DecodeError::BlockCount { declared: 0, found: blocks.len() as u64 + length });
+        if len + length > remaining_blocks {
+            return Err(DecodeError::BlockCount { declared, found: found + len + length });
         }
-        blocks.extend(start as u32..=end as u32);
+        len += length;
         next_start = end + 1;
     }
-    let usage_bytes = blocks.len().div_ceil(2);
-    let Some(packed) = bytes.get(*offset..*offset + usage_bytes) else {
+    let runs = &bytes[runs_start..*offset];
+    // len <= declared <= u32::MAX, so this fits a usize.
+    let usage_len = len.div_ceil(2) as usize;
+    let Some(usage) = offset.checked_add(usage_len).and_then(|end| bytes.get(*offset..end)) else {
         return Err(DecodeError::Truncated { len: bytes.len(), field: "usage counts" });
     };
-    *offset += usage_bytes;
-    let mut usage = Vec::with_capacity(blocks.len());
-    for (i, &block) in blocks.iter().enumerate() {
-        let value = if i % 2 == 0 { packed[i / 2] & 0x0F } else { packed[i / 2] >> 4 };
-        if value > MAX_USAGE {
-            return Err(DecodeError::Usage { index, block, value });
-        }
-        usage.push(value);
-    }
-    if blocks.len() % 2 == 1 && packed[usage_bytes - 1] >> 4 != 0 {
-        return Err(DecodeError::Padding { index });
-    }
-    Ok(BlockGroup { rel, blocks, usage })
+    *offset += usage_len;
+    Ok(GroupView { rel, run_count, runs, usage, len })
 }
 
-impl BlockList {
-    /// Decodes and validates every field.
-    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let header = decode_block_list_header(bytes)?;
-        let mut offset = BLOCK_LIST_HEADER_LEN;
-        let mut groups: Vec<BlockGroup> = Vec::with_capacity(header.groups as usize);
-        let mut found: u64 = 0;
-        for index in 0..header.groups {
-            let group = read_group(bytes, &mut offset, index, u64::from(header.blocks) - found)
-                .map_err(|error| match error {
-                    DecodeError::BlockCount { found: in_group, .. } => {
-                        DecodeError::BlockCount { declared: header.blocks, found: found + in_group }
-                    }
-                    other => other,
-                })?;
-            if groups.last().is_some_and(|previous| previous.rel >= group.rel) {
-                return Err(DecodeError::GroupOrder { index });
+/// Checks a whole list, handing each checked relation fork to `each` in order; the one
+/// parser behind [`BlockListView::parse_bounded`] and [`BlockList::decode_bounded`], so
+/// both refuse exactly the same inputs with the same errors. Allocates nothing itself.
+fn walk<'a>(
+    bytes: &'a [u8],
+    max_blocks: u64,
+    mut each: impl FnMut(GroupView<'a>) -> Result<(), DecodeError>,
+) -> Result<BlockListHeader, DecodeError> {
+    let header = decode_block_list_header(bytes)?;
+    check_limit(&header, max_blocks)?;
+    let mut offset = BLOCK_LIST_HEADER_LEN;
+    let mut found: u64 = 0;
+    let mut previous: Option<RelFork> = None;
+    for index in 0..header.groups {
+        let group = scan_group(bytes, &mut offset, index, header.blocks, found)?;
+        group.check_usage(index)?;
+        if previous.is_some_and(|previous| previous >= group.rel) {
+            return Err(DecodeError::GroupOrder { index });
+        }
+        found += group.len;
+        previous = Some(group.rel);
+        each(group)?;
+    }
+    if found != u64::from(header.blocks) {
+        return Err(DecodeError::BlockCount { declared: header.blocks, found });
+    }
+    if offset != bytes.len() {
+        return Err(DecodeError::TrailingBytes(bytes.len() - offset));
+    }
+    Ok(header)
+}
+
+/// A list checked in full and read in place: the streaming, allocation-free way to walk a
+/// list of any size. Parsing validates every field (the same checks and errors as
+/// [`BlockList::decode`]) before the first block can be read, so a consumer never sees
+/// part of a malformed list. Iterating decodes the varints again, on the fly.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockListView<'a> {
+    header: BlockListHeader,
+    bytes: &'a [u8],
+}
+
+impl<'a> BlockListView<'a> {
+    /// Validates every field, allocating nothing.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, DecodeError> {
+        Self::parse_bounded(bytes, u64::MAX)
+    }
+
+    /// Like [`parse`](Self::parse), and refuses a header that declares more than
+    /// `max_blocks` blocks ([`DecodeError::TooManyBlocks`]) before reading any group.
+    pub fn parse_bounded(bytes: &'a [u8], max_blocks: u64) -> Result<Self, DecodeError> {
+        let header = walk(bytes, max_blocks, |_| Ok(()))?;
+        Ok(BlockListView { header, bytes })
+    }
+
+    pub fn header(&self) -> BlockListHeader {
+        self.header
+    }
+
+    pub fn len(&self) -> usize {
+        self.header.blocks as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.header.blocks == 0
+    }
+
+    /// The encoded list.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// The relation forks, in order.
+    pub fn groups(&self) -> Groups<'a> {
+        Groups { bytes: self.bytes, offset: BLOCK_LIST_HEADER_LEN, index: 0, header: self.header, found: 0 }
+    }
+
+    /// Every block in address order, with its usage count; exact size.
+    pub fn iter(&self) -> Blocks<'a> {
+        Blocks { groups: self.groups(), current: None, left: u64::from(self.header.blocks) }
+    }
+}
+
+impl<'a> IntoIterator for BlockListView<'a> {
+    type Item = HotBlock;
+    type IntoIter = Blocks<'a>;
+
+    fn into_iter(self) -> Blocks<'a> {
+        self.iter()
+    }
+}
+
+/// The relation forks of a [`BlockListView`].
+#[derive(Clone, Debug)]
+pub struct Groups<'a> {
+    bytes: &'a [u8],
+    offset: usize,
+    index: u32,
+    header: BlockListHeader,
+    found: u64,
+}
+
+impl<'a> Iterator for Groups<'a> {
+    type Item = GroupView<'a>;
+
+    fn next(&mut self) -> Option<GroupView<'a>> {
+        if self.index >= self.header.groups {
+            return None;
+        }
+        // The view checked these bytes: this cannot fail. If it somehow did, stop rather
+        // than panic.
+        let group = scan_group(self.bytes, &mut self.offset, self.index, self.header.blocks, self.found);
+        debug_assert!(group.is_ok(), "a validated list failed to scan: {group:?}");
+        let group = group.ok()?;
+        self.index += 1;
+        self.found += group.len;
+        Some(group)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = (self.header.groups - self.index) as usize;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for Groups<'_> {}
+
+/// The runs of a [`GroupView`]: (first, last) block numbers, inclusive.
+#[derive(Clone, Debug)]
+pub struct Runs<'a> {
+    bytes: &'a [u8],
+    offset: usize,
+    left: u32,
+    next_start: u64,
+}
+
+impl Iterator for Runs<'_> {
+    type Item = (u32, u32);
+
+    fn next(&mut self) -> Option<(u32, u32)> {
+        if self.left == 0 {
+            return None;
+        }
+        // Checked by scan_group: minimal varints, ordered runs, last <= MAX_BLOCK.
+        let gap = varint::read(self.bytes, &mut self.offset, "a run").ok()?;
+        let length = varint::read(self.bytes, &mut self.offset, "a run").ok()?;
+        let first = self.next_start + u64::from(gap);
+        let last = first + u64::from(length);
+        self.next_start = last + 1;
+        self.left -= 1;
+        Some((first as u32, last as u32))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+impl ExactSizeIterator for Runs<'_> {}
+
+/// The blocks of one [`GroupView`], in order.
+#[derive(Clone, Debug)]
+pub struct GroupBlocks<'a> {
+    rel: RelFork,
+    runs: Runs<'a>,
+    /// Next block of the current run; past `last` when the run is used up.
+    next: u64,
+    last: u64,
+    usage: &'a [u8],
+    nibble: usize,
+    left: u64,
+}
+
+impl Iterator for GroupBlocks<'_> {
+    type Item = HotBlock;
+
+    #[inline]
+    fn next(&mut self) -> Option<HotBlock> {
+        if self.left == 0 {
+            return None;
+        }
+        if self.next > self.last {
+            let (first, last) = self.runs.next()?;
+            self.next = u64::from(first);
+            self.last = u64::from(last);
+        }
+        let byte = *self.usage.get(self.nibble / 2)?;
+        let usage = if self.nibble.is_multiple_of(2) { byte & 0x0F } else { byte >> 4 };
+        let block = self.next as u32;
+        self.next += 1;
+        self.nibble += 1;
+        self.left -= 1;
+        Some(HotBlock { addr: self.rel.block(block), usage })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+impl ExactSizeIterator for GroupBlocks<'_> {}
+
+/// Every block of a [`BlockListView`], in address order.
+#[derive(Clone, Debug)]
+pub struct Blocks<'a> {
+    groups: Groups<'a>,
+    current: Option<GroupBlocks<'a>>,
+    left: u64,
+}
+
+impl Iterator for Blocks<'_> {
+    type Item = HotBlock;
+
+    #[inline]
+    fn next(&mut self) -> Option<HotBlock> {
+        loop {
+            if let Some(block) = self.current.as_mut().and_then(Iterator::next) {
+                self.left -= 1;
+                return Some(block);
             }
-            found += group.blocks.len() as u64;
-            groups.push(group);
+            self.current = Some(self.groups.next()?.iter());
         }
-        if found != u64::from(header.blocks) {
-            return Err(DecodeError::BlockCount { declared: header.blocks, found });
-        }
-        if offset != bytes.len() {
-            return Err(DecodeError::TrailingBytes(bytes.len() - offset));
-        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+impl ExactSizeIterator for Blocks<'_> {}
+
+impl BlockList {
+    /// Decodes and validates every field, with no limit but the input's length (at most
+    /// two blocks per input byte). Same as `decode_bounded(bytes, u64::MAX)`.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        Self::decode_bounded(bytes, u64::MAX)
+    }
+
+    /// Decodes and validates every field, refusing a header that declares more than
+    /// `max_blocks` blocks ([`DecodeError::TooManyBlocks`]) before anything is allocated.
+    ///
+    /// Memory, allocated with `try_reserve` as each relation fork passes validation
+    /// (failure is [`DecodeError::OutOfMemory`], never an abort): about 5 bytes per block
+    /// plus about 200 per relation fork. Blocks are at most min(`max_blocks`, 2 × input
+    /// length); relation forks at most min(blocks, input length / 16). A malformed list is
+    /// refused with the same error as [`BlockListView::parse`]; what it had allocated is
+    /// freed.
+    pub fn decode_bounded(bytes: &[u8], max_blocks: u64) -> Result<Self, DecodeError> {
+        // Grown as relation forks pass validation, not reserved from the header's count.
+        let mut groups: Vec<BlockGroup> = Vec::new();
+        let header = walk(bytes, max_blocks, |group| {
+            if groups.len() == groups.capacity() {
+                groups.try_reserve(1).map_err(|_| DecodeError::OutOfMemory {
+                    bytes: (groups.capacity() as u64 * 2).max(4) * std::mem::size_of::<BlockGroup>() as u64,
+                })?;
+            }
+            let mut blocks: Vec<u32> = try_vec(group.len)?;
+            let mut usage: Vec<u8> = try_vec(group.len)?;
+            for block in group.iter() {
+                blocks.push(block.addr.block);
+                usage.push(block.usage);
+            }
+            groups.push(BlockGroup { rel: group.rel, blocks, usage }); // within capacity
+            Ok(())
+        })?;
         Ok(BlockList { header, groups })
     }
 
@@ -335,6 +677,11 @@ impl BlockList {
 
     /// Re-encodes into batches of at most `max_blocks`, hottest blocks first (usage count
     /// descending, then address); each batch is a valid list sorted by address.
+    ///
+    /// Memory: about 30 bytes per block of this list, which its decoding bounded
+    /// ([`decode_bounded`](Self::decode_bounded)'s `max_blocks`, or two blocks per input
+    /// byte). These allocations are infallible: used outside a PostgreSQL backend (the
+    /// agent), an allocation failure ends that process only.
     pub fn split_hottest_first(&self, max_blocks: usize) -> Vec<Vec<u8>> {
         assert!(max_blocks > 0, "batch size must be positive");
         let mut blocks: Vec<HotBlock> = self.iter().collect();

@@ -1,5 +1,9 @@
 //! Errors of the decoders and encoders. Display texts are lowercase fragments without a
 //! final period; the extension turns them into DETAIL sentences.
+//!
+//! Two decode errors say nothing about the input's validity: `TooManyBlocks` (a valid list
+//! larger than the caller accepts) and `OutOfMemory` (an allocation that failed). Their
+//! kinds, `TooLarge` and `OutOfMemory`, let the caller raise the right SQLSTATE.
 
 /// Broad class of a decode error, for choosing a hint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -8,6 +12,10 @@ pub enum DecodeErrorKind {
     BadMagic,
     UnsupportedVersion,
     Corrupt,
+    /// Well-formed as far as checked, but over the limit the caller set.
+    TooLarge,
+    /// Memory for the decoded form could not be allocated.
+    OutOfMemory,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +60,10 @@ pub enum DecodeError {
     BlockCount { declared: u32, found: u64 },
     #[error("{0} bytes follow the last relation fork")]
     TrailingBytes(usize),
+    #[error("header declares {declared} blocks but at most {limit} are accepted here")]
+    TooManyBlocks { declared: u64, limit: u64 },
+    #[error("could not allocate {bytes} bytes")]
+    OutOfMemory { bytes: u64 },
 }
 
 impl DecodeError {
@@ -60,6 +72,8 @@ impl DecodeError {
             DecodeError::ShortHeader { .. } | DecodeError::Truncated { .. } => DecodeErrorKind::Truncated,
             DecodeError::BadMagic { .. } => DecodeErrorKind::BadMagic,
             DecodeError::UnsupportedVersion { .. } => DecodeErrorKind::UnsupportedVersion,
+            DecodeError::TooManyBlocks { .. } => DecodeErrorKind::TooLarge,
+            DecodeError::OutOfMemory { .. } => DecodeErrorKind::OutOfMemory,
             _ => DecodeErrorKind::Corrupt,
         }
     }
@@ -67,8 +81,15 @@ impl DecodeError {
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum FilterParamError {
-    #[error("the false-positive rate must be greater than 0 and less than 1, got {0}")]
+    /// Not in [`FILTER_MIN_FALSE_POSITIVE_RATE`](crate::filter::FILTER_MIN_FALSE_POSITIVE_RATE), 1).
+    #[error(
+        "the false-positive rate must be at least {min} and less than 1, got {rate}",
+        min = crate::filter::format_rate(crate::filter::FILTER_MIN_FALSE_POSITIVE_RATE),
+        rate = crate::filter::format_rate(*.0)
+    )]
     FalsePositiveRate(f64),
+    #[error("could not allocate {bytes} bytes for the filter")]
+    OutOfMemory { bytes: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -15,6 +15,12 @@
 //!
 //! The key's xxh3-128 (seeded) gives h1 and h2 (made odd); probe i is bit
 //! `(h1 + i*h2) * m >> 64` (multiply-shift range reduction, no division).
+//!
+//! Memory: [`FilterView`] reads a serialized filter in place and allocates nothing.
+//! [`FilterBuilder`] holds the serialized form itself (header and bit array, one
+//! allocation of m/8 + 32 bytes, made with `try_reserve`), and `finish()` hands that buffer
+//! over without a copy. Its rate is at least [`FILTER_MIN_FALSE_POSITIVE_RATE`], so a
+//! filter costs at most about 29 bits per expected item (and never more than 2^32 bits).
 
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
@@ -26,6 +32,21 @@ pub const FILTER_VERSION: u8 = 1;
 pub const FILTER_HEADER_LEN: usize = 32;
 pub const FILTER_MAX_BITS: u64 = 1 << 32;
 pub const FILTER_MAX_HASHES: u8 = 30;
+/// Smallest false-positive rate a builder accepts: about 28.8 bits per item. Lower rates
+/// buy nothing the transfer needs (a false positive only delays a block by one cycle) and
+/// would let one call allocate up to 2^32 bits.
+pub const FILTER_MIN_FALSE_POSITIVE_RATE: f64 = 1e-6;
+
+/// A rate as PostgreSQL prints a float8: plain for ordinary values, with an exponent for
+/// tiny or huge ones (`1e-300`, not three hundred zeros).
+pub fn format_rate(rate: f64) -> String {
+    let magnitude = rate.abs();
+    if rate == 0.0 || !rate.is_finite() || (1e-4..1e15).contains(&magnitude) {
+        format!("{rate}")
+    } else {
+        format!("{rate:e}")
+    }
+}
 
 /// The k bit positions of a key, in a filter of `bits` bits.
 #[inline(always)]
@@ -53,10 +74,11 @@ fn dimensions(expected_items: u64, false_positive_rate: f64) -> (u64, u8) {
     (bits, hashes as u8)
 }
 
-/// Builds a filter in memory; `finish()` serializes it.
+/// Builds a filter in its serialized form; `finish()` returns those bytes.
 #[derive(Clone, Debug)]
 pub struct FilterBuilder {
-    words: Vec<u64>,
+    /// Header (item count written by `finish`) and bit array.
+    bytes: Vec<u8>,
     bits: u64,
     hashes: u8,
     seed: u64,
@@ -64,23 +86,41 @@ pub struct FilterBuilder {
 }
 
 impl FilterBuilder {
+    /// A filter sized for `expected_items` at `false_positive_rate`, which must lie in
+    /// [`FILTER_MIN_FALSE_POSITIVE_RATE`], 1). Its one allocation is made with
+    /// `try_reserve`: failure is [`FilterParamError::OutOfMemory`], not an abort.
     pub fn new(expected_items: u64, false_positive_rate: f64, seed: u64) -> Result<Self, FilterParamError> {
-        if !(false_positive_rate > 0.0 && false_positive_rate < 1.0) {
+        if !(FILTER_MIN_FALSE_POSITIVE_RATE..1.0).contains(&false_positive_rate) {
             return Err(FilterParamError::FalsePositiveRate(false_positive_rate));
         }
         let (bits, hashes) = dimensions(expected_items, false_positive_rate);
-        Ok(FilterBuilder { words: vec![0; (bits / 64) as usize], bits, hashes, seed, items: 0 })
+        let total = FILTER_HEADER_LEN as u64 + bits / 8;
+        let out_of_memory = FilterParamError::OutOfMemory { bytes: total };
+        let len = usize::try_from(total).map_err(|_| out_of_memory.clone())?;
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(len).map_err(|_| out_of_memory)?;
+        bytes.extend_from_slice(&FILTER_MAGIC);
+        bytes.push(FILTER_VERSION);
+        bytes.push(hashes);
+        bytes.extend_from_slice(&0u16.to_le_bytes());
+        bytes.extend_from_slice(&seed.to_le_bytes());
+        bytes.extend_from_slice(&0u64.to_le_bytes()); // item count, set by finish()
+        bytes.extend_from_slice(&bits.to_le_bytes());
+        bytes.resize(len, 0); // within the reserved capacity
+        Ok(FilterBuilder { bytes, bits, hashes, seed, items: 0 })
     }
 
     pub fn insert(&mut self, addr: &BlockAddress) {
+        let bit_array = &mut self.bytes[FILTER_HEADER_LEN..];
         for bit in probes(addr, self.seed, self.hashes, self.bits) {
-            self.words[(bit / 64) as usize] |= 1 << (bit % 64);
+            bit_array[(bit / 8) as usize] |= 1 << (bit % 8);
         }
         self.items += 1;
     }
 
     pub fn contains(&self, addr: &BlockAddress) -> bool {
-        probes(addr, self.seed, self.hashes, self.bits).all(|bit| self.words[(bit / 64) as usize] & (1 << (bit % 64)) != 0)
+        let bit_array = &self.bytes[FILTER_HEADER_LEN..];
+        probes(addr, self.seed, self.hashes, self.bits).all(|bit| bit_array[(bit / 8) as usize] & (1 << (bit % 8)) != 0)
     }
 
     pub fn bit_count(&self) -> u64 {
@@ -91,23 +131,15 @@ impl FilterBuilder {
         self.hashes
     }
 
-    pub fn finish(self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(FILTER_HEADER_LEN + self.words.len() * 8);
-        out.extend_from_slice(&FILTER_MAGIC);
-        out.push(FILTER_VERSION);
-        out.push(self.hashes);
-        out.extend_from_slice(&0u16.to_le_bytes());
-        out.extend_from_slice(&self.seed.to_le_bytes());
-        out.extend_from_slice(&self.items.to_le_bytes());
-        out.extend_from_slice(&self.bits.to_le_bytes());
-        for word in &self.words {
-            out.extend_from_slice(&word.to_le_bytes());
-        }
-        out
+    /// The serialized filter: the builder's own buffer, not a copy.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.bytes[16..24].copy_from_slice(&self.items.to_le_bytes());
+        self.bytes
     }
 }
 
-/// A serialized filter, validated and read in place.
+/// A serialized filter, validated and read in place: parsing checks the header and the
+/// length and borrows the bit array, so it allocates nothing whatever the input.
 #[derive(Clone, Copy, Debug)]
 pub struct FilterView<'a> {
     bit_array: &'a [u8],
@@ -143,7 +175,7 @@ impl<'a> FilterView<'a> {
         let seed = u64_at(bytes, 8);
         let items = u64_at(bytes, 16);
         let bits = u64_at(bytes, 24);
-        if bits == 0 || bits % 64 != 0 || bits > FILTER_MAX_BITS {
+        if bits == 0 || !bits.is_multiple_of(64) || bits > FILTER_MAX_BITS {
             return Err(DecodeError::BitCount(bits));
         }
         let expected = FILTER_HEADER_LEN as u64 + bits / 8;

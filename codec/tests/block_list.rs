@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use ccm_codec::{
-    decode_block_list_header, encode_block_list, BlockList, BlockListEncoder, DecodeError, EncodeError,
+    decode_block_list_header, encode_block_list, BlockList, BlockListEncoder, BlockListView, DecodeError, EncodeError,
     HotBlock, RelFork,
 };
 
@@ -107,20 +107,28 @@ fn valid() -> Vec<u8> {
 fn every_truncation_is_an_error() {
     let bytes = valid();
     for len in 0..bytes.len() {
-        assert!(BlockList::decode(&bytes[..len]).is_err(), "prefix of {len} bytes decoded");
+        refused(&bytes[..len]);
     }
+}
+
+/// The decoder's error, after checking that the streaming view refuses with the same one.
+fn refused(bytes: &[u8]) -> DecodeError {
+    let error = BlockList::decode(bytes).unwrap_err();
+    assert_eq!(BlockListView::parse(bytes).unwrap_err(), error, "the view disagrees on {bytes:02x?}");
+    assert_eq!(BlockList::decode_bounded(bytes, u64::MAX).unwrap_err(), error);
+    error
 }
 
 fn with(bytes: &[u8], offset: usize, value: &[u8]) -> DecodeError {
     let mut copy = bytes.to_vec();
     copy[offset..offset + value.len()].copy_from_slice(value);
-    BlockList::decode(&copy).unwrap_err()
+    refused(&copy)
 }
 
 #[test]
 fn malformed_headers_are_named() {
     let bytes = valid();
-    assert!(matches!(BlockList::decode(b"").unwrap_err(), DecodeError::ShortHeader { len: 0, .. }));
+    assert!(matches!(refused(b""), DecodeError::ShortHeader { len: 0, .. }));
     assert!(matches!(with(&bytes, 0, b"CCMF"), DecodeError::BadMagic { .. }));
     assert!(matches!(with(&bytes, 4, &[9]), DecodeError::UnsupportedVersion { found: 9, supported: 1 }));
     assert!(matches!(with(&bytes, 5, &[1]), DecodeError::Reserved { .. }));
@@ -129,7 +137,7 @@ fn malformed_headers_are_named() {
     assert!(matches!(with(&bytes, 12, &6u32.to_le_bytes()), DecodeError::BlockCount { declared: 6, .. }));
     let mut trailing = bytes.clone();
     trailing.push(0);
-    assert!(matches!(BlockList::decode(&trailing).unwrap_err(), DecodeError::TrailingBytes(1)));
+    assert!(matches!(refused(&trailing), DecodeError::TrailingBytes(1)));
 }
 
 #[test]
@@ -145,7 +153,7 @@ fn huge_declared_counts_fail_fast_without_allocating() {
     let mut long_run = encode(vec![hot(REL, 1, 5)]);
     let run_length_offset = 32 + 13 + 1 + 1;
     long_run.splice(run_length_offset..run_length_offset + 1, [0xFF, 0xFF, 0xFF, 0xFF, 0x0A]); // ~2.9e9 blocks, in range
-    assert!(matches!(BlockList::decode(&long_run).unwrap_err(), DecodeError::BlockCount { .. }));
+    assert!(matches!(refused(&long_run), DecodeError::BlockCount { .. }));
     assert!(started.elapsed().as_millis() < 100);
 }
 
@@ -174,12 +182,16 @@ fn assembled_reference_list_decodes() {
     let bytes = assembled(&[(REL, vec![2, 3, 1, 1, 0], vec![0x45, 0x05])], 3);
     let blocks: Vec<(u32, u8)> = BlockList::decode(&bytes).unwrap().iter().map(|b| (b.addr.block, b.usage)).collect();
     assert_eq!(blocks, vec![(3, 5), (4, 4), (6, 5)]);
+    let view = BlockListView::parse(&bytes).unwrap();
+    assert_eq!(view.iter().map(|b| (b.addr.block, b.usage)).collect::<Vec<_>>(), blocks);
+    let group = view.groups().next().unwrap();
+    assert_eq!((group.rel(), group.len(), group.runs().collect::<Vec<_>>()), (REL, 3, vec![(3, 4), (6, 6)]));
 }
 
 #[test]
 fn malformed_bodies_are_named() {
     let ok_runs = vec![1, 3, 0];
-    let decode = |groups: &[(RelFork, Vec<u8>, Vec<u8>)], blocks| BlockList::decode(&assembled(groups, blocks)).unwrap_err();
+    let decode = |groups: &[(RelFork, Vec<u8>, Vec<u8>)], blocks| refused(&assembled(groups, blocks));
     assert!(matches!(decode(&[(RelFork { fork: 4, ..REL }, ok_runs.clone(), vec![5])], 1), DecodeError::Fork(4)));
     assert!(matches!(decode(&[(REL, vec![0, 3, 0, 0, 0], vec![5])], 1), DecodeError::NoRuns { .. } | DecodeError::TrailingBytes(_)));
     assert!(matches!(decode(&[(REL, vec![2, 3, 0, 0, 0], vec![0x55])], 2), DecodeError::RunOrder { run: 1, .. }));

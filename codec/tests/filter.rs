@@ -1,6 +1,8 @@
 //! Bloom filter: sizing, false-positive rate, seeds, and every malformed input.
 
-use ccm_codec::{BlockAddress, DecodeError, FilterBuilder, FilterParamError, FilterView};
+use ccm_codec::{
+    format_rate, BlockAddress, DecodeError, FilterBuilder, FilterParamError, FilterView, FILTER_MIN_FALSE_POSITIVE_RATE,
+};
 
 fn address(i: u64) -> BlockAddress {
     BlockAddress { spc: 1663, db: 5 + (i % 3) as u32, rel: 16384 + (i / 100_000) as u32, fork: (i % 2) as u8, block: i as u32 }
@@ -73,9 +75,29 @@ fn empty_filter_is_valid_and_contains_nothing() {
 
 #[test]
 fn bad_rates_are_refused() {
-    for rate in [0.0, 1.0, -0.5, 2.0, f64::NAN, f64::INFINITY] {
+    for rate in [0.0, 1.0, -0.5, 2.0, f64::NAN, f64::INFINITY, 1e-300, 9.9e-7, f64::MIN_POSITIVE] {
         assert!(matches!(FilterBuilder::new(10, rate, 0), Err(FilterParamError::FalsePositiveRate(_))), "{rate}");
     }
+    assert_eq!(
+        FilterParamError::FalsePositiveRate(2.0).to_string(),
+        "the false-positive rate must be at least 1e-6 and less than 1, got 2"
+    );
+}
+
+#[test]
+fn the_smallest_rate_is_bounded_in_size() {
+    // 1e-6 costs about 28.8 bits per item (and the format caps any filter at 2^32 bits).
+    let builder = FilterBuilder::new(1_000_000, FILTER_MIN_FALSE_POSITIVE_RATE, 1).unwrap();
+    assert!(builder.bit_count() <= 29 * 1_000_000, "{} bits", builder.bit_count());
+}
+
+#[test]
+fn rates_print_as_postgresql_prints_them() {
+    assert_eq!(format_rate(0.01), "0.01");
+    assert_eq!(format_rate(1e-300), "1e-300");
+    assert_eq!(format_rate(1.5e-7), "1.5e-7");
+    assert_eq!(format_rate(0.0), "0");
+    assert_eq!(format_rate(f64::NAN), "NaN");
 }
 
 fn valid() -> Vec<u8> {

@@ -3,11 +3,15 @@
 //! The corpus in tests/corpus/{filter,block_list}/ holds `ok-*.bin` inputs that must
 //! decode and `bad-*.bin` inputs that must be refused. Missing seed files are written
 //! by `corpus_seeds_exist`; an input that ever broke a decoder belongs there too.
+//!
+//! Every list input also checks that the three readers agree: `BlockList::decode`,
+//! `BlockList::decode_bounded` and the streaming `BlockListView` accept the same inputs,
+//! refuse the others with the same error, and yield the same blocks.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use ccm_codec::{encode_block_list, BlockList, FilterBuilder, FilterView, HotBlock, RelFork};
+use ccm_codec::{encode_block_list, BlockList, BlockListView, DecodeError, FilterBuilder, FilterView, HotBlock, RelFork};
 use proptest::prelude::*;
 
 fn arbitrary_blocks() -> impl Strategy<Value = Vec<HotBlock>> {
@@ -25,6 +29,23 @@ fn valid_list() -> Vec<u8> {
     encode_block_list(&mut blocks, 55, 1000).unwrap()
 }
 
+/// One relation fork, one run of `blocks` blocks, and usage nibbles (all 0) for `nibbles`.
+fn one_long_run(blocks: u32, nibbles: u32) -> Vec<u8> {
+    let mut out = b"CCMB\x01\0\0\0".to_vec();
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&blocks.to_le_bytes());
+    out.extend_from_slice(&[0; 16]);
+    out.extend_from_slice(&[0x7f, 0x06, 0, 0, 5, 0, 0, 0, 0, 0x40, 0, 0, 0, 1, 0]);
+    let mut length = blocks - 1;
+    while length >= 0x80 {
+        out.push((length as u8) | 0x80);
+        length >>= 7;
+    }
+    out.push(length as u8);
+    out.resize(out.len() + nibbles.div_ceil(2) as usize, 0);
+    out
+}
+
 fn valid_filter() -> Vec<u8> {
     let mut builder = FilterBuilder::new(100, 0.01, 77).unwrap();
     let rel = RelFork { spc: 1663, db: 5, rel: 16384, fork: 0 };
@@ -34,9 +55,36 @@ fn valid_filter() -> Vec<u8> {
     builder.finish()
 }
 
+/// Decodes a list every way there is; all must agree. Returns the decoder's verdict.
+fn decode_every_way(bytes: &[u8]) -> Result<BlockList, DecodeError> {
+    let decoded = BlockList::decode(bytes);
+    let viewed = BlockListView::parse(bytes);
+    match (&decoded, &viewed) {
+        (Ok(list), Ok(view)) => {
+            assert_eq!(view.header(), list.header);
+            let streamed: Vec<HotBlock> = view.iter().collect();
+            assert_eq!(streamed, list.iter().collect::<Vec<_>>(), "streaming differs from decoding");
+            assert_eq!(view.iter().len(), list.len());
+            let groups: Vec<(RelFork, usize)> = view.groups().map(|g| (g.rel(), g.len())).collect();
+            assert_eq!(groups, list.groups.iter().map(|g| (g.rel, g.blocks.len())).collect::<Vec<_>>());
+            // The limit is inclusive and checked before anything else about the body.
+            let blocks = u64::from(list.header.blocks);
+            assert_eq!(BlockList::decode_bounded(bytes, blocks).as_ref(), Ok(list));
+            if blocks > 0 {
+                let over = DecodeError::TooManyBlocks { declared: blocks, limit: blocks - 1 };
+                assert_eq!(BlockList::decode_bounded(bytes, blocks - 1), Err(over.clone()));
+                assert_eq!(BlockListView::parse_bounded(bytes, blocks - 1).map(|v| v.len()), Err(over));
+            }
+        }
+        (Err(error), Err(same)) => assert_eq!(error, same, "the view refuses with another error than decode"),
+        _ => panic!("decode says {:?}, the view says {:?}", decoded.as_ref().map(BlockList::len), viewed.map(|v| v.len())),
+    }
+    decoded
+}
+
 /// A decoded list must re-encode to exactly the same bytes: the encoding is canonical.
 fn check_list(bytes: &[u8]) {
-    if let Ok(list) = BlockList::decode(bytes) {
+    if let Ok(list) = decode_every_way(bytes) {
         let mut blocks: Vec<HotBlock> = list.iter().collect();
         let again = encode_block_list(&mut blocks, list.header.hot_buffers_found, list.header.buffers_scanned).unwrap();
         assert_eq!(again, bytes, "a decodable list is not canonical");
@@ -60,6 +108,23 @@ proptest! {
         let bytes = encode_block_list(&mut input, 1, 2).unwrap();
         let decoded = BlockList::decode(&bytes).unwrap();
         prop_assert_eq!(decoded.iter().collect::<Vec<_>>(), input);
+    }
+
+    #[test]
+    fn streaming_equals_decoding(blocks in arbitrary_blocks(), found in any::<u64>(), scanned in any::<u64>()) {
+        let mut input = blocks;
+        let bytes = encode_block_list(&mut input, found, scanned).unwrap();
+        let view = BlockListView::parse(&bytes).unwrap();
+        prop_assert_eq!(view.iter().collect::<Vec<_>>(), input.clone());
+        prop_assert_eq!(view.iter().len(), input.len());
+        // Every prefix of the stream is right too (size hints stay exact as it goes).
+        let mut stream = view.iter();
+        for (i, expected) in input.iter().enumerate() {
+            prop_assert_eq!(stream.len(), input.len() - i);
+            prop_assert_eq!(stream.next(), Some(*expected));
+        }
+        prop_assert!(stream.next().is_none());
+        check_list(&bytes);
     }
 
     #[test]
@@ -141,6 +206,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ("block_list", "bad-fork", patched(&list, 32 + 12, &[7])),
         ("block_list", "bad-usage", patched(&list, list.len() - 1, &[0x0F])),
         ("block_list", "bad-filter-as-list", filter.clone()),
+        // The shape of the safety review's 50 MB list (one run, usage nibbles of 0), small.
+        ("block_list", "ok-one-long-run", one_long_run(2001, 2001)),
+        ("block_list", "bad-one-long-run-short-usage", one_long_run(2001, 2000)),
+        ("block_list", "bad-one-long-run-more-declared", patched(&one_long_run(2001, 2001), 12, &2002u32.to_le_bytes())),
+        ("block_list", "bad-one-long-run-padding", { let mut l = one_long_run(2001, 2001); *l.last_mut().unwrap() = 0x10; l }),
         ("filter", "ok-small", filter.clone()),
         ("filter", "bad-empty-input", Vec::new()),
         ("filter", "bad-truncated", filter[..filter.len() - 8].to_vec()),
@@ -174,7 +244,7 @@ fn corpus_inputs_decode_or_fail_as_named() {
             let name = path.file_name().unwrap().to_string_lossy().to_string();
             let bytes = fs::read(&path).unwrap();
             let decoded = match kind {
-                "block_list" => BlockList::decode(&bytes).map(|_| ()),
+                "block_list" => decode_every_way(&bytes).map(|_| ()),
                 _ => FilterView::parse(&bytes).map(|_| ()),
             };
             match (name.starts_with("ok-"), decoded) {
