@@ -69,6 +69,8 @@ pub struct Metrics {
     pub blocks_loaded: Counter,
     pub blocks_already_cached: Counter,
     pub blocks_skipped: Counter,
+    pub recovery_conflicts: Counter,
+    pub prewarm_storage_errors: Counter,
     pub hot_set_blocks: Gauge,
     pub coverage_ratio: FloatGauge,
     pub last_cycle_duration_seconds: FloatGauge,
@@ -104,6 +106,8 @@ impl Metrics {
             blocks_loaded: Counter::default(),
             blocks_already_cached: Counter::default(),
             blocks_skipped: Counter::default(),
+            recovery_conflicts: Counter::default(),
+            prewarm_storage_errors: Counter::default(),
             hot_set_blocks: Gauge::default(),
             coverage_ratio: FloatGauge::default(),
             last_cycle_duration_seconds: FloatGauge::default(),
@@ -144,8 +148,18 @@ impl Metrics {
         );
         registry.register(
             "blocks_skipped",
-            "Blocks sent that the standby could not or would not load",
+            "Blocks sent that the standby could not or would not load (batches lost to storage errors included)",
             m.blocks_skipped.clone(),
+        );
+        registry.register(
+            "recovery_conflicts",
+            "Standby calls (filter, prewarm) cancelled, or sessions terminated, by a recovery conflict; the cycle ends and the rest follows next cycle",
+            m.recovery_conflicts.clone(),
+        );
+        registry.register(
+            "prewarm_storage_errors",
+            "Prewarm batches skipped because the standby hit a storage error (SQLSTATE XX001, 58030, 58P01)",
+            m.prewarm_storage_errors.clone(),
         );
         registry.register(
             "hot_set_blocks",
@@ -408,6 +422,8 @@ mod tests {
         "ccm_agent_blocks_loaded_total",
         "ccm_agent_blocks_already_cached_total",
         "ccm_agent_blocks_skipped_total",
+        "ccm_agent_recovery_conflicts_total",
+        "ccm_agent_prewarm_storage_errors_total",
         "ccm_agent_hot_set_blocks",
         "ccm_agent_coverage_ratio",
         "ccm_agent_last_cycle_duration_seconds",

@@ -14,7 +14,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio_postgres::error::SqlState;
+use tokio_postgres::error::{DbError, Severity, SqlState};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 use tokio_util::sync::CancellationToken;
@@ -78,13 +78,15 @@ pub struct NodeFacts {
     pub server_version: String,
 }
 
+/// Every variant's message is complete on its own (the server's message, SQLSTATE and DETAIL
+/// included), so no variant also returns its cause as `source()`: a `{:#}` print (anyhow's
+/// chain format) shows each message once.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    #[error("{host}: cannot connect: {}", describe(.source))]
+    #[error("{host}: cannot connect: {}", describe(.error))]
     Connect {
         host: String,
-        #[source]
-        source: tokio_postgres::Error,
+        error: tokio_postgres::Error,
     },
     #[error("{host}: connection attempt timed out after {}", humantime::format_duration(*.after))]
     ConnectTimeout { host: String, after: Duration },
@@ -92,12 +94,11 @@ pub enum NodeError {
     ExtensionMissing { host: String, database: String },
     #[error("Cluster Cache Manager is disabled on {host} (ccm.enabled = off)")]
     Disabled { host: String },
-    #[error("{host}: {what} failed: {}", describe(.source))]
+    #[error("{host}: {what} failed: {}", describe(.error))]
     Query {
         host: String,
         what: &'static str,
-        #[source]
-        source: tokio_postgres::Error,
+        error: tokio_postgres::Error,
     },
     #[error("{host}: {what} got no answer within {} (client-side deadline)", humantime::format_duration(*.after))]
     QueryTimeout {
@@ -150,14 +151,57 @@ fn describe(e: &tokio_postgres::Error) -> String {
 
 impl NodeError {
     /// Whether the connection that produced this error is useless now. A server-side ERROR
-    /// leaves the session fine (a statement timeout, a recovery conflict); anything on the
-    /// wire (closed socket, I/O error, our own deadline) means reconnect.
+    /// leaves the session fine (a statement timeout, a cancelled statement); a FATAL ends the
+    /// session, and anything on the wire (closed socket, I/O error, our own deadline) means
+    /// reconnect.
     pub fn breaks_connection(&self) -> bool {
         match self {
-            NodeError::Query { source, .. } => source.as_db_error().is_none() || source.is_closed(),
+            NodeError::Query { error, .. } => match error.as_db_error() {
+                None => true,
+                Some(db) => error.is_closed() || is_fatal(db),
+            },
             NodeError::Disabled { .. } | NodeError::Unexpected { .. } => false,
             _ => true,
         }
+    }
+
+    /// The server's error, when this is one.
+    pub fn db_error(&self) -> Option<&DbError> {
+        match self {
+            NodeError::Query { error, .. } | NodeError::Connect { error, .. } => {
+                error.as_db_error()
+            }
+            _ => None,
+        }
+    }
+
+    /// How the sync loop treats this error (see `ErrorClass`).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            NodeError::Query { .. } => match self.db_error() {
+                Some(db) => classify(db.code().code(), db.message()),
+                None => ErrorClass::Other,
+            },
+            _ => ErrorClass::Other,
+        }
+    }
+
+    /// The server's message with its DETAIL, for logs ("message (DETAIL: ...)").
+    pub fn server_message(&self) -> Option<String> {
+        let db = self.db_error()?;
+        Some(match db.detail() {
+            Some(detail) => format!("{} (DETAIL: {detail})", db.message()),
+            None => db.message().to_string(),
+        })
+    }
+}
+
+/// FATAL (or PANIC): the server ends the session after sending it. The non-localized
+/// severity is used when the server sends it (9.6+), the localized one otherwise.
+fn is_fatal(db: &DbError) -> bool {
+    match db.parsed_severity() {
+        Some(severity) => matches!(severity, Severity::Fatal | Severity::Panic),
+        None => matches!(db.severity(), "FATAL" | "PANIC"),
     }
 }
 
@@ -166,6 +210,48 @@ fn is_disabled(e: &tokio_postgres::Error) -> bool {
         *db.code() == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE
             && db.message().contains(DISABLED_MESSAGE)
     })
+}
+
+/// What a server error from a CCM call means to the sync loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// A recovery conflict cancelled the statement (40001, or 40P01 for a buffer-pin
+    /// deadlock) or ended the session (57P04: its database was dropped on the primary). An
+    /// ordinary event on a hot standby: retried next cycle. Whether our session survived is
+    /// for `NodeError::breaks_connection` (the severity it got) to say, not the message: a
+    /// prewarm worker's error, re-raised by ccm_prewarm, keeps the worker's SQLSTATE and
+    /// message but leaves the caller's session alive.
+    RecoveryConflict,
+    /// The node is no longer in recovery: 55000 "recovery is not in progress" (ccm_prewarm on
+    /// a promoted standby). Told apart from "Cluster Cache Manager is disabled" (also 55000)
+    /// by the message.
+    NotInRecovery,
+    /// A storage error on a page (XX001 data_corrupted, 58030 io_error, 58P01 undefined_file):
+    /// that batch is lost, the next one may be fine.
+    Storage,
+    /// Anything else: a fault of the cycle.
+    Other,
+}
+
+/// The message ccm_prewarm raises (SQLSTATE 55000) on a node that is not in recovery.
+pub const NOT_IN_RECOVERY_MESSAGE: &str = "recovery is not in progress";
+
+/// Classifies a server error by SQLSTATE and (for the codes that several errors share)
+/// message; nothing else, so an error re-raised from a prewarm worker classifies alike.
+pub fn classify(sqlstate: &str, message: &str) -> ErrorClass {
+    match sqlstate {
+        // T_R_SERIALIZATION_FAILURE: what every recovery conflict raises on a standby
+        // (snapshot, lock, tablespace, buffer pin), as ERROR or, in a subtransaction or for
+        // an idle-in-transaction session, as FATAL "terminating connection due to ...".
+        // DATABASE_DROPPED: the session's database was dropped on the primary.
+        "40001" | "57P04" => ErrorClass::RecoveryConflict,
+        // T_R_DEADLOCK_DETECTED with the recovery-conflict message: a buffer-pin deadlock
+        // with the startup process. A real deadlock cannot happen (no transaction is held).
+        "40P01" if message.contains("conflict with recovery") => ErrorClass::RecoveryConflict,
+        "55000" if message == NOT_IN_RECOVERY_MESSAGE => ErrorClass::NotInRecovery,
+        "XX001" | "58030" | "58P01" => ErrorClass::Storage,
+        _ => ErrorClass::Other,
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -182,13 +268,45 @@ impl ConnectOptions {
     }
 }
 
-/// Counters returned by `ccm_prewarm`.
+/// Counters returned by `ccm_prewarm` (negative or NULL values read as 0).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PrewarmResult {
-    pub requested: i64,
-    pub loaded: i64,
-    pub already_cached: i64,
-    pub skipped: i64,
+    pub requested: u64,
+    pub loaded: u64,
+    pub already_cached: u64,
+    pub skipped: u64,
+}
+
+/// Reads the columns of a server's row without panicking: a NULL where a value is needed,
+/// or a type the agent does not expect, is a `NodeError::Unexpected` naming the call.
+struct Columns<'a> {
+    host: String,
+    what: &'static str,
+    row: &'a Row,
+}
+
+impl<'a> Columns<'a> {
+    fn new(node: &Node, what: &'static str, row: &'a Row) -> Self {
+        Columns {
+            host: node.label(),
+            what,
+            row,
+        }
+    }
+
+    fn get<T: tokio_postgres::types::FromSql<'a>>(&self, index: usize) -> Result<T, NodeError> {
+        self.row
+            .try_get(index)
+            .map_err(|e| self.unexpected(format!("an unusable value in column {}: {e}", index + 1)))
+    }
+
+    fn unexpected(&self, detail: String) -> NodeError {
+        NodeError::Unexpected {
+            host: self.host.clone(),
+            what: self.what,
+            detail,
+        }
+    }
 }
 
 /// The one row of `aurora_ccm_status()`.
@@ -246,8 +364,10 @@ const SQL_FACTS: &str = "SELECT pg_is_in_recovery(), \
      split_part(current_setting('server_version'), ' ', 1)";
 const SQL_FILTER: &str = "SELECT pg_is_in_recovery(), ccm_buffer_filter($1::float8)";
 const SQL_HOT_BLOCKS: &str = "SELECT pg_is_in_recovery(), ccm_hot_blocks($1::bytea, $2::int8)";
-const SQL_PREWARM: &str =
-    "SELECT requested, loaded, already_cached, skipped FROM ccm_prewarm($1::bytea)";
+/// pg_is_in_recovery() is evaluated after ccm_prewarm (it is in the target list of the row
+/// the function returns), so a promotion during the call is seen in its own answer.
+const SQL_PREWARM: &str = "SELECT pg_is_in_recovery(), requested, loaded, already_cached, \
+     skipped FROM ccm_prewarm($1::bytea)";
 const SQL_STATUS: &str = "SELECT buffers_sent_last_minute, buffers_found_last_minute, \
      buffers_sent_last_scan, buffers_found_last_scan, buffers_sent_current_scan, \
      buffers_found_current_scan, current_scan_progress FROM aurora_ccm_status()";
@@ -298,7 +418,7 @@ impl Node {
             _ = cancel.cancelled() => return Err(NodeError::Cancelled),
             r = connecting => match r {
                 Err(_) => return Err(NodeError::ConnectTimeout { host: label, after: options.connect_timeout }),
-                Ok(Err(source)) => return Err(NodeError::Connect { host: label, source }),
+                Ok(Err(error)) => return Err(NodeError::Connect { host: label, error }),
                 Ok(Ok(pair)) => pair,
             },
         };
@@ -346,14 +466,16 @@ impl Node {
             node.client.simple_query(&setup).await.map(|_| ())
         })
         .await?;
-        let row = node.query_one("node facts query", SQL_FACTS, &[]).await?;
+        const WHAT: &str = "node facts query";
+        let row = node.query_one(WHAT, SQL_FACTS, &[]).await?;
+        let col = Columns::new(&node, WHAT, &row);
         node.facts = NodeFacts {
-            in_recovery: row.get(0),
-            system_identifier: row.get::<_, Option<String>>(1).unwrap_or_default(),
-            shared_buffers: row.get::<_, Option<i64>>(2).unwrap_or(0),
-            database: row.get(3),
-            extension_version: row.get(4),
-            server_version: row.get(5),
+            in_recovery: col.get(0)?,
+            system_identifier: col.get::<Option<String>>(1)?.unwrap_or_default(),
+            shared_buffers: col.get::<Option<i64>>(2)?.unwrap_or(0),
+            database: col.get::<Option<String>>(3)?.unwrap_or_default(),
+            extension_version: col.get(4)?,
+            server_version: col.get::<Option<String>>(5)?.unwrap_or_default(),
         };
         Ok(node)
     }
@@ -407,13 +529,13 @@ impl Node {
                     after: deadline,
                 })
             }
-            Some(Ok(Err(source))) if is_disabled(&source) => {
+            Some(Ok(Err(error))) if is_disabled(&error) => {
                 Err(NodeError::Disabled { host: self.label() })
             }
-            Some(Ok(Err(source))) => Err(NodeError::Query {
+            Some(Ok(Err(error))) => Err(NodeError::Query {
                 host: self.label(),
                 what,
-                source,
+                error,
             }),
             Some(Ok(Ok(v))) => Ok(v),
         }
@@ -464,16 +586,12 @@ impl Node {
         &mut self,
         false_positive_rate: f64,
     ) -> Result<(bool, Vec<u8>), NodeError> {
+        const WHAT: &str = "ccm_buffer_filter()";
         let row = self
-            .query_one("ccm_buffer_filter()", SQL_FILTER, &[&false_positive_rate])
+            .query_one(WHAT, SQL_FILTER, &[&false_positive_rate])
             .await?;
-        let filter: Option<Vec<u8>> = row.get(1);
-        let filter = filter.ok_or_else(|| NodeError::Unexpected {
-            host: self.label(),
-            what: "ccm_buffer_filter()",
-            detail: "NULL".into(),
-        })?;
-        Ok((row.get(0), filter))
+        let col = Columns::new(self, WHAT, &row);
+        Ok((col.get(0)?, col.get(1)?))
     }
 
     /// Primary: its hot blocks missing from `filter`, at most `max_blocks`, with its recovery
@@ -483,45 +601,49 @@ impl Node {
         filter: &[u8],
         max_blocks: i64,
     ) -> Result<(bool, Vec<u8>), NodeError> {
+        const WHAT: &str = "ccm_hot_blocks()";
         let row = self
-            .query_one("ccm_hot_blocks()", SQL_HOT_BLOCKS, &[&filter, &max_blocks])
+            .query_one(WHAT, SQL_HOT_BLOCKS, &[&filter, &max_blocks])
             .await?;
-        let list: Option<Vec<u8>> = row.get(1);
-        let list = list.ok_or_else(|| NodeError::Unexpected {
-            host: self.label(),
-            what: "ccm_hot_blocks()",
-            detail: "NULL".into(),
-        })?;
-        Ok((row.get(0), list))
+        let col = Columns::new(self, WHAT, &row);
+        Ok((col.get(0)?, col.get(1)?))
     }
 
-    /// Standby: reads one batch of blocks into shared_buffers.
-    pub async fn prewarm(&mut self, list: &[u8]) -> Result<PrewarmResult, NodeError> {
-        let row = self
-            .query_one("ccm_prewarm()", SQL_PREWARM, &[&list])
-            .await?;
-        Ok(PrewarmResult {
-            requested: row.get::<_, Option<i64>>(0).unwrap_or(0),
-            loaded: row.get::<_, Option<i64>>(1).unwrap_or(0),
-            already_cached: row.get::<_, Option<i64>>(2).unwrap_or(0),
-            skipped: row.get::<_, Option<i64>>(3).unwrap_or(0),
-        })
+    /// Standby: reads one batch of blocks into shared_buffers, with its recovery state after
+    /// the call.
+    pub async fn prewarm(&mut self, list: &[u8]) -> Result<(bool, PrewarmResult), NodeError> {
+        const WHAT: &str = "ccm_prewarm()";
+        let row = self.query_one(WHAT, SQL_PREWARM, &[&list]).await?;
+        let col = Columns::new(self, WHAT, &row);
+        let count = |i: usize| -> Result<u64, NodeError> {
+            Ok(col.get::<Option<i64>>(i)?.unwrap_or(0).max(0) as u64)
+        };
+        Ok((
+            col.get(0)?,
+            PrewarmResult {
+                requested: count(1)?,
+                loaded: count(2)?,
+                already_cached: count(3)?,
+                skipped: count(4)?,
+            },
+        ))
     }
 
     /// Primary: the row of aurora_ccm_status().
     pub async fn ccm_status(&mut self) -> Result<CcmStatus, NodeError> {
-        let row = self
-            .query_one("aurora_ccm_status()", SQL_STATUS, &[])
-            .await?;
-        let v = |i: usize| row.get::<_, Option<i64>>(i).unwrap_or(0);
+        const WHAT: &str = "aurora_ccm_status()";
+        let row = self.query_one(WHAT, SQL_STATUS, &[]).await?;
+        let col = Columns::new(self, WHAT, &row);
+        let v =
+            |i: usize| -> Result<i64, NodeError> { Ok(col.get::<Option<i64>>(i)?.unwrap_or(0)) };
         Ok(CcmStatus {
-            buffers_sent_last_minute: v(0),
-            buffers_found_last_minute: v(1),
-            buffers_sent_last_scan: v(2),
-            buffers_found_last_scan: v(3),
-            buffers_sent_current_scan: v(4),
-            buffers_found_current_scan: v(5),
-            current_scan_progress: v(6),
+            buffers_sent_last_minute: v(0)?,
+            buffers_found_last_minute: v(1)?,
+            buffers_sent_last_scan: v(2)?,
+            buffers_found_last_scan: v(3)?,
+            buffers_sent_current_scan: v(4)?,
+            buffers_found_current_scan: v(5)?,
+            current_scan_progress: v(6)?,
         })
     }
 
@@ -531,16 +653,16 @@ impl Node {
         if !has_wal_cache(self.facts.extension_version.as_deref()) {
             return Ok(None);
         }
-        let row = self
-            .query_one("ccm_logical_wal_cache_status()", SQL_WAL_CACHE, &[])
-            .await?;
+        const WHAT: &str = "ccm_logical_wal_cache_status()";
+        let row = self.query_one(WHAT, SQL_WAL_CACHE, &[]).await?;
+        let col = Columns::new(self, WHAT, &row);
         let mut status = WalCacheStatus {
-            mode: row.get(0),
-            size_blocks: row.get(1),
-            held_blocks: row.get(2),
-            locked_blocks: row.get(3),
-            oldest_ptr: row.get(4),
-            newest_ptr: row.get(5),
+            mode: col.get::<Option<String>>(0)?.unwrap_or_default(),
+            size_blocks: col.get::<Option<i64>>(1)?.unwrap_or(0),
+            held_blocks: col.get::<Option<i64>>(2)?.unwrap_or(0),
+            locked_blocks: col.get::<Option<i64>>(3)?.unwrap_or(0),
+            oldest_ptr: col.get(4)?,
+            newest_ptr: col.get(5)?,
             slots: Vec::new(),
         };
         let stmt = self
@@ -552,33 +674,33 @@ impl Node {
                 self.client.query(&stmt, &[]),
             )
             .await?;
-        status.slots = rows
-            .iter()
-            .map(|r| WalCacheSlot {
-                name: r.get(0),
-                active_pid: r.get(1),
-                cache_hit: r.get(2),
-                cache_miss: r.get(3),
-                blks_read: r.get(4),
-                hit_rate: r.get(5),
-            })
-            .collect();
+        for r in &rows {
+            let col = Columns::new(self, "aurora_stat_logical_wal_cache()", r);
+            status.slots.push(WalCacheSlot {
+                name: col.get::<Option<String>>(0)?.unwrap_or_default(),
+                active_pid: col.get(1)?,
+                cache_hit: col.get::<Option<i64>>(2)?.unwrap_or(0),
+                cache_miss: col.get::<Option<i64>>(3)?.unwrap_or(0),
+                blks_read: col.get::<Option<i64>>(4)?.unwrap_or(0),
+                hit_rate: col.get(5)?,
+            });
+        }
         Ok(Some(status))
     }
 
     /// Primary: hot buffers, all of them or only those `filter` lacks.
     pub async fn hot_buffers_count(&mut self, filter: Option<&[u8]>) -> Result<i64, NodeError> {
-        let row = match filter {
+        let (what, row) = match filter {
             None => {
-                self.query_one("ccm_hot_buffers()", SQL_HOT_COUNT, &[])
-                    .await?
+                let what = "ccm_hot_buffers()";
+                (what, self.query_one(what, SQL_HOT_COUNT, &[]).await?)
             }
             Some(f) => {
-                self.query_one("ccm_hot_buffers(filter)", SQL_MISSING_COUNT, &[&f])
-                    .await?
+                let what = "ccm_hot_buffers(filter)";
+                (what, self.query_one(what, SQL_MISSING_COUNT, &[&f]).await?)
             }
         };
-        Ok(row.get(0))
+        Columns::new(self, what, &row).get(0)
     }
 }
 
@@ -683,6 +805,55 @@ mod tests {
         );
         assert!(e.breaks_connection());
         assert!(!NodeError::Disabled { host: "h".into() }.breaks_connection());
+    }
+
+    #[test]
+    fn sqlstates_are_classified() {
+        use ErrorClass::*;
+        // Recovery conflicts: cancelled statement, terminated session, dropped database;
+        // the same when a prewarm worker's ERROR is re-raised in the caller's session.
+        for (code, message) in [
+            ("40001", "canceling statement due to conflict with recovery"),
+            (
+                "40001",
+                "terminating connection due to conflict with recovery",
+            ),
+            (
+                "57P04",
+                "terminating connection due to conflict with recovery",
+            ),
+            ("40P01", "canceling statement due to conflict with recovery"),
+        ] {
+            assert_eq!(
+                classify(code, message),
+                RecoveryConflict,
+                "{code} {message}"
+            );
+        }
+        assert_eq!(classify("40P01", "deadlock detected"), Other);
+        // Promoted: told apart from "disabled", which shares the SQLSTATE.
+        assert_eq!(classify("55000", NOT_IN_RECOVERY_MESSAGE), NotInRecovery);
+        assert_eq!(
+            classify("55000", "Cluster Cache Manager is disabled"),
+            Other
+        );
+        // Storage errors on a page.
+        for code in ["XX001", "58030", "58P01"] {
+            assert_eq!(classify(code, "whatever"), Storage, "{code}");
+        }
+        // The rest are faults.
+        for code in [
+            "57014", "22P03", "XX000", "57P01", "08006", "42883", "42501",
+        ] {
+            assert_eq!(classify(code, "x"), Other, "{code}");
+        }
+    }
+
+    #[test]
+    fn prewarm_selects_the_role_in_the_same_statement() {
+        assert!(SQL_PREWARM.starts_with("SELECT pg_is_in_recovery(), requested"));
+        assert!(SQL_PREWARM.contains("FROM ccm_prewarm($1::bytea)"));
+        assert!(!SQL_PREWARM.contains(';'), "one statement");
     }
 
     #[tokio::test]

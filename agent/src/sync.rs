@@ -4,11 +4,18 @@
 //! missing from it, at most the standby's shared_buffers, (3) the list split hottest-first
 //! into batches, (4) one short `ccm_prewarm` call per batch on the standby. Short calls keep
 //! each statement on the standby brief, so a recovery conflict never waits on us for long,
-//! and the hottest blocks land first if the cycle is cut short.
+//! and the hottest blocks land first if the cycle is cut short. ccm_prewarm itself reads the
+//! blocks of every database (other databases' through background workers), so each batch
+//! goes whole over the one standby session.
 //!
-//! Safety is re-checked at every step: each call returns pg_is_in_recovery() in the same
-//! statement, so a promotion or demotion is seen before a list is sent, and the pairing's
-//! system identifiers are compared whenever either side (re)connects.
+//! Safety is re-checked at every step: each call (every prewarm batch included) returns
+//! pg_is_in_recovery() in the same statement, and ccm_prewarm itself refuses to run on a
+//! node that is not in recovery; so a promotion or demotion is seen before another list is
+//! sent, and the pairing's system identifiers are compared whenever either side (re)connects.
+//!
+//! Not faults: a recovery conflict (the statement cancelled, or the session terminated) ends
+//! the cycle without backoff, and what was not loaded comes again next cycle because the
+//! standby's filter is rebuilt; a storage error on one page costs its batch only.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +29,7 @@ use tracing::{debug, error, info, warn};
 use crate::backoff::Backoff;
 use crate::config::{format_duration, Config};
 use crate::metrics::{coverage, saturating_i64, Metrics, Stage};
-use crate::node::{self, ConnectOptions, Node, NodeError, Side};
+use crate::node::{self, ConnectOptions, ErrorClass, Node, NodeError, PrewarmResult, Side};
 
 /// What one cycle did.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -36,7 +43,12 @@ pub struct CycleReport {
     pub requested: u64,
     pub loaded: u64,
     pub already_cached: u64,
+    /// Skipped by the standby, plus the blocks of batches lost to storage errors.
     pub skipped: u64,
+    /// Batches lost to a storage error on the standby.
+    pub storage_errors: u64,
+    /// Recovery conflicts; one ends the cycle early.
+    pub recovery_conflicts: u64,
     pub filter_bytes: usize,
     pub list_bytes: usize,
     pub duration: Duration,
@@ -47,15 +59,21 @@ impl CycleReport {
     pub fn coverage(&self) -> f64 {
         coverage(self.hot_buffers, self.sent)
     }
+
+    /// Whether the cycle was cut short by a recovery conflict.
+    pub fn interrupted(&self) -> bool {
+        self.recovery_conflicts > 0
+    }
 }
 
+/// Every variant's message is complete (a node error's includes the server's message), and
+/// none also returns its cause as `source()`, so `{:#}` prints each message once.
 #[derive(Debug, thiserror::Error)]
 pub enum CycleError {
     #[error("{error}")]
     Node {
         stage: Stage,
         side: Side,
-        #[source]
         error: NodeError,
     },
     /// The pairing is unsafe (different systems): both connections were dropped.
@@ -82,6 +100,13 @@ impl CycleError {
             CycleError::Disabled { .. } | CycleError::Cancelled => None,
         }
     }
+}
+
+/// What the cycle does after one prewarm call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Next,
+    EndCycle,
 }
 
 /// The two connections and what the loop remembers between cycles.
@@ -121,6 +146,19 @@ impl Syncer {
 
     fn node(&mut self, side: Side) -> &mut Node {
         self.slot(side).as_mut().expect("connected by ensure_side")
+    }
+
+    /// The host a side is (or was last) connected to, for messages.
+    fn side_label(&self, side: Side) -> String {
+        let (slot, last) = match side {
+            Side::Primary => (&self.primary, &self.last_primary_host),
+            Side::Standby => (&self.standby, &self.last_standby_host),
+        };
+        match (slot, last) {
+            (Some(node), _) => node.label(),
+            (None, Some(host)) => host.clone(),
+            (None, None) => "?".to_string(),
+        }
     }
 
     fn drop_node(&mut self, side: Side) {
@@ -211,8 +249,7 @@ impl Syncer {
             Err(NodeError::Cancelled) => Err(CycleError::Cancelled),
             Err(NodeError::Disabled { host }) => Err(CycleError::Disabled { side, host }),
             Err(error) => {
-                let closed = self.slot(side).as_ref().is_some_and(Node::is_closed);
-                if error.breaks_connection() || closed {
+                if self.broken(side, &error) {
                     self.drop_node(side);
                 }
                 Err(CycleError::Node { stage, side, error })
@@ -220,12 +257,26 @@ impl Syncer {
         }
     }
 
+    /// Whether `error` left `side`'s connection useless.
+    fn broken(&self, side: Side, error: &NodeError) -> bool {
+        let node = match side {
+            Side::Primary => &self.primary,
+            Side::Standby => &self.standby,
+        };
+        error.breaks_connection() || node.as_ref().is_some_and(Node::is_closed)
+    }
+
     /// Checks the role a call reported; a changed role ends this side's connection.
     fn check_role(&mut self, side: Side, in_recovery: bool) -> Result<(), CycleError> {
         if in_recovery == side.wants_recovery() {
             return Ok(());
         }
-        let host = self.node(side).label();
+        Err(self.role_changed(side))
+    }
+
+    /// A node left the role its side needs: drops its connection and says why.
+    fn role_changed(&mut self, side: Side) -> CycleError {
+        let host = self.side_label(side);
         let message = match side {
             Side::Standby => format!(
                 "standby {host} was promoted (no longer in recovery); looking for a new standby"
@@ -235,7 +286,7 @@ impl Syncer {
             }
         };
         self.drop_node(side);
-        Err(CycleError::RoleChanged { side, message })
+        CycleError::RoleChanged { side, message }
     }
 
     /// One cycle; `progress` (sync --once) counts blocks processed.
@@ -250,6 +301,13 @@ impl Syncer {
         // (1) What the standby already caches.
         let fpr = self.cfg.false_positive_rate;
         let result = self.node(Side::Standby).buffer_filter(fpr).await;
+        let result = match result {
+            Err(error) if error.class() == ErrorClass::RecoveryConflict => {
+                self.recovery_conflict(&error, &mut report);
+                return Ok(self.finish(report, started));
+            }
+            result => result,
+        };
         let (in_recovery, filter) = self.call(Side::Standby, Stage::Filter, result)?;
         self.check_role(Side::Standby, in_recovery)?;
         report.filter_bytes = filter.len();
@@ -280,8 +338,10 @@ impl Syncer {
             Err(error) => debug!(%error, "reading the logical WAL cache status failed"),
         }
 
-        // (3) Decode and split, hottest first.
-        let list = BlockList::decode(&list_bytes).map_err(|e| CycleError::Decode(e.to_string()))?;
+        // (3) Decode (no more blocks than asked for) and split, hottest first.
+        let limit = u64::try_from(max_blocks).unwrap_or(1);
+        let list = BlockList::decode_bounded(&list_bytes, limit)
+            .map_err(|e| CycleError::Decode(e.to_string()))?;
         report.hot_buffers = list.header.hot_buffers_found;
         report.buffers_scanned = list.header.buffers_scanned;
         report.sent = list.len() as u64;
@@ -295,33 +355,103 @@ impl Syncer {
             let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
             report.batches = batches.len();
             for batch in &batches {
-                let result = self.node(Side::Standby).prewarm(batch).await;
-                let done = self.call(Side::Standby, Stage::Prewarm, result)?;
                 let blocks = decode_block_list_header(batch)
                     .map(|h| u64::from(h.blocks))
-                    .unwrap_or(done.requested.max(0) as u64);
-                let (loaded, already, skipped) = (
-                    done.loaded.max(0) as u64,
-                    done.already_cached.max(0) as u64,
-                    done.skipped.max(0) as u64,
-                );
-                self.metrics.blocks_sent.inc_by(blocks);
-                self.metrics.blocks_loaded.inc_by(loaded);
-                self.metrics.blocks_already_cached.inc_by(already);
-                self.metrics.blocks_skipped.inc_by(skipped);
-                report.requested += done.requested.max(0) as u64;
-                report.loaded += loaded;
-                report.already_cached += already;
-                report.skipped += skipped;
+                    .map_err(|e| CycleError::Decode(format!("a batch of it: {e}")))?;
+                let result = self.node(Side::Standby).prewarm(batch).await;
+                let flow = self.prewarm_outcome(blocks, result, &mut report)?;
                 if let Some(pb) = progress {
                     pb.inc(blocks);
+                }
+                if flow == Flow::EndCycle {
+                    break;
                 }
             }
         }
 
+        Ok(self.finish(report, started))
+    }
+
+    fn finish(&self, mut report: CycleReport, started: Instant) -> CycleReport {
         report.duration = started.elapsed();
         self.metrics.cycle_done(report.duration);
-        Ok(report)
+        report
+    }
+
+    /// What one prewarm call's answer means for the cycle.
+    fn prewarm_outcome(
+        &mut self,
+        blocks: u64,
+        result: Result<(bool, PrewarmResult), NodeError>,
+        report: &mut CycleReport,
+    ) -> Result<Flow, CycleError> {
+        let error = match result {
+            Ok((true, done)) => {
+                self.account(blocks, &done, report);
+                return Ok(Flow::Next);
+            }
+            // Promoted during the call: nothing more goes to this server.
+            Ok((false, _)) => return Err(self.role_changed(Side::Standby)),
+            Err(error) => error,
+        };
+        match error.class() {
+            ErrorClass::NotInRecovery => Err(self.role_changed(Side::Standby)),
+            ErrorClass::RecoveryConflict => {
+                self.recovery_conflict(&error, report);
+                Ok(Flow::EndCycle)
+            }
+            ErrorClass::Storage if !self.broken(Side::Standby, &error) => {
+                let host = self.side_label(Side::Standby);
+                // With its DETAIL, which names the database when a prewarm worker hit it.
+                let message = error.server_message().unwrap_or_else(|| error.to_string());
+                warn!(
+                    host = %host,
+                    "storage error on the standby {host}: {message}; skipping this batch of \
+                     {blocks} blocks and going on with the next"
+                );
+                self.metrics.prewarm_storage_errors.inc();
+                report.storage_errors += 1;
+                let lost = PrewarmResult {
+                    skipped: blocks,
+                    ..PrewarmResult::default()
+                };
+                self.account(blocks, &lost, report);
+                Ok(Flow::Next)
+            }
+            _ => self.call(Side::Standby, Stage::Prewarm, Err(error)),
+        }
+    }
+
+    /// Counts what a prewarm call did with `blocks` blocks.
+    fn account(&mut self, blocks: u64, done: &PrewarmResult, report: &mut CycleReport) {
+        self.metrics.blocks_sent.inc_by(blocks);
+        self.metrics.blocks_loaded.inc_by(done.loaded);
+        self.metrics
+            .blocks_already_cached
+            .inc_by(done.already_cached);
+        self.metrics.blocks_skipped.inc_by(done.skipped);
+        report.requested += done.requested;
+        report.loaded += done.loaded;
+        report.already_cached += done.already_cached;
+        report.skipped += done.skipped;
+    }
+
+    /// A recovery conflict: logged (one line, with the server's DETAIL), counted, the
+    /// standby's connection dropped if the server ended the session. Not a fault: the cycle
+    /// just ends.
+    fn recovery_conflict(&mut self, error: &NodeError, report: &mut CycleReport) {
+        let host = self.side_label(Side::Standby);
+        let message = error.server_message().unwrap_or_else(|| error.to_string());
+        info!(
+            host = %host,
+            "recovery conflict on the standby {host}: {message}; ending this cycle, \
+             the blocks not loaded follow in the next one"
+        );
+        self.metrics.recovery_conflicts.inc();
+        report.recovery_conflicts += 1;
+        if self.broken(Side::Standby, error) {
+            self.drop_node(Side::Standby);
+        }
     }
 
     fn mark_enabled(&mut self) {
@@ -355,6 +485,8 @@ fn log_cycle(report: &CycleReport) {
         loaded = report.loaded,
         already_cached = report.already_cached,
         skipped = report.skipped,
+        storage_errors = report.storage_errors,
+        recovery_conflicts = report.recovery_conflicts,
         filter_bytes = report.filter_bytes,
         list_bytes = report.list_bytes,
         coverage = report.coverage(),
@@ -440,6 +572,10 @@ pub struct SyncSummary {
     pub loaded: u64,
     pub already_cached: u64,
     pub skipped: u64,
+    /// Batches lost to storage errors on the standby.
+    pub storage_errors: u64,
+    /// Cycles cut short by a recovery conflict (each followed by another cycle).
+    pub recovery_conflicts: u64,
     /// Hot buffers the primary found in the last cycle's scan.
     pub hot_buffers: u64,
     /// The standby's share of the hot set at the last cycle's scan (0..1).
@@ -455,14 +591,26 @@ impl SyncSummary {
         self.loaded += report.loaded;
         self.already_cached += report.already_cached;
         self.skipped += report.skipped;
+        self.storage_errors += report.storage_errors;
+        self.recovery_conflicts += report.recovery_conflicts;
         self.hot_buffers = report.hot_buffers;
         self.coverage = report.coverage();
     }
 
     pub fn to_text(&self) -> String {
+        let mut notes = String::new();
+        if self.storage_errors > 0 {
+            notes.push_str(&format!(
+                "; {} batches lost to storage errors",
+                self.storage_errors
+            ));
+        }
+        if self.recovery_conflicts > 0 {
+            notes.push_str(&format!("; {} recovery conflicts", self.recovery_conflicts));
+        }
         format!(
             "{} after {} cycle{}: sent {} blocks, loaded {}, already cached {}, skipped {}; \
-             hot set {} buffers, coverage {:.1}%",
+             hot set {} buffers, coverage {:.1}%{notes}",
             if self.complete {
                 "standby warm"
             } else {
@@ -482,10 +630,11 @@ impl SyncSummary {
 
 /// Whether `sync --once` should run another cycle after `report`.
 fn another_cycle(report: &CycleReport) -> bool {
+    // A recovery conflict cut the cycle short: what it did not send comes next cycle.
     // Nothing sent: the standby holds the whole hot set. Something sent but nothing loaded:
     // the rest cannot be loaded (dropped relations, a full standby), and the next cycle would
     // send the very same list.
-    report.sent > 0 && report.loaded > 0
+    report.interrupted() || (report.sent > 0 && report.loaded > 0)
 }
 
 /// `ccm-agent sync --once`: cycles back to back until nothing is left to send (or
@@ -497,7 +646,8 @@ pub async fn sync_once(
     max_cycles: u32,
     progress: &ProgressBar,
 ) -> Result<SyncSummary, CycleError> {
-    let mut syncer = Syncer::new(cfg, metrics, cancel);
+    let interval = cfg.interval;
+    let mut syncer = Syncer::new(cfg, metrics, cancel.clone());
     let mut summary = SyncSummary::default();
     while summary.cycles < max_cycles {
         progress.set_message(format!("cycle {}", summary.cycles + 1));
@@ -505,11 +655,16 @@ pub async fn sync_once(
         // Logs go to the same stderr as the bar: lift the bar while one is written.
         progress.suspend(|| log_cycle(&report));
         summary.add(&report);
-        if report.sent == 0 {
-            summary.complete = true;
-        }
-        if !another_cycle(&report) {
+        summary.complete = report.sent == 0 && !report.interrupted();
+        if !another_cycle(&report) || summary.cycles >= max_cycles {
             break;
+        }
+        if report.interrupted() {
+            // Give replay a moment before asking again.
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(CycleError::Cancelled),
+                _ = tokio::time::sleep(interval) => {}
+            }
         }
     }
     Ok(summary)
@@ -542,6 +697,130 @@ mod tests {
         assert!(another_cycle(&report(100, 50, 50)));
         assert!(!another_cycle(&report(100, 0, 0)));
         assert!(!another_cycle(&report(100, 50, 0)));
+        // A recovery conflict cut the cycle short (before anything loaded, or even before
+        // the list was fetched): try again.
+        let conflicted = |sent| CycleReport {
+            recovery_conflicts: 1,
+            ..report(100, sent, 0)
+        };
+        assert!(another_cycle(&conflicted(50)));
+        assert!(another_cycle(&conflicted(0)));
+    }
+
+    fn syncer() -> (Syncer, Arc<Metrics>) {
+        let cfg = Config::validate(crate::config::RawConfig {
+            primary: Some("host=127.0.0.1 port=1 user=u dbname=postgres".into()),
+            standby: Some("host=127.0.0.2 port=1 user=u dbname=postgres".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let syncer = Syncer::new(Arc::new(cfg), metrics.clone(), CancellationToken::new());
+        (syncer, metrics)
+    }
+
+    fn metric(metrics: &Metrics, name: &str) -> f64 {
+        metrics
+            .render()
+            .lines()
+            .find_map(|l| {
+                let (n, v) = l.rsplit_once(' ')?;
+                (n == name).then(|| v.parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("{name} not rendered"))
+    }
+
+    #[test]
+    fn a_prewarm_reporting_no_recovery_is_a_role_change() {
+        let (mut syncer, metrics) = syncer();
+        syncer.last_standby_host = Some("s:5432".into());
+        let mut report = CycleReport::default();
+        let done = PrewarmResult {
+            requested: 10,
+            loaded: 10,
+            ..Default::default()
+        };
+        let err = syncer
+            .prewarm_outcome(10, Ok((false, done)), &mut report)
+            .unwrap_err();
+        match &err {
+            CycleError::RoleChanged { side, message } => {
+                assert_eq!(*side, Side::Standby);
+                assert!(message.contains("s:5432 was promoted"), "{message}");
+            }
+            other => panic!("expected RoleChanged, got {other:?}"),
+        }
+        assert_eq!(err.stage(), Some(Stage::Safety));
+        // Nothing from a promoted node is counted as loaded.
+        assert_eq!(report.loaded, 0);
+        assert_eq!(metric(&metrics, "ccm_agent_blocks_loaded_total"), 0.0);
+        assert!(syncer.standby.is_none());
+    }
+
+    #[test]
+    fn a_prewarm_in_recovery_is_counted() {
+        let (mut syncer, metrics) = syncer();
+        let mut report = CycleReport::default();
+        let done = PrewarmResult {
+            requested: 10,
+            loaded: 6,
+            already_cached: 3,
+            skipped: 1,
+        };
+        let flow = syncer
+            .prewarm_outcome(10, Ok((true, done)), &mut report)
+            .unwrap();
+        assert_eq!(flow, Flow::Next);
+        assert_eq!(
+            (
+                report.requested,
+                report.loaded,
+                report.already_cached,
+                report.skipped
+            ),
+            (10, 6, 3, 1)
+        );
+        assert_eq!(metric(&metrics, "ccm_agent_blocks_sent_total"), 10.0);
+        assert_eq!(metric(&metrics, "ccm_agent_blocks_skipped_total"), 1.0);
+    }
+
+    #[test]
+    fn shutdown_and_disabled_pass_through() {
+        let (mut syncer, _) = syncer();
+        let mut report = CycleReport::default();
+        assert!(matches!(
+            syncer.prewarm_outcome(1, Err(NodeError::Cancelled), &mut report),
+            Err(CycleError::Cancelled)
+        ));
+        assert!(matches!(
+            syncer.prewarm_outcome(
+                1,
+                Err(NodeError::Disabled { host: "h".into() }),
+                &mut report
+            ),
+            Err(CycleError::Disabled {
+                side: Side::Standby,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn errors_print_their_chain_once() {
+        let e = CycleError::Node {
+            stage: Stage::Prewarm,
+            side: Side::Standby,
+            error: NodeError::Unexpected {
+                host: "s:5432".into(),
+                what: "ccm_prewarm()",
+                detail: "an unusable value in column 1".into(),
+            },
+        };
+        let text = format!("{:#}", anyhow::Error::from(e).context("sync failed"));
+        assert_eq!(
+            text,
+            "sync failed: s:5432: ccm_prewarm() returned an unusable value in column 1"
+        );
     }
 
     #[test]
@@ -569,6 +848,7 @@ mod tests {
             hot_buffers: 10,
             coverage: 1.0,
             complete: true,
+            ..Default::default()
         };
         let v: serde_json::Value =
             serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
@@ -579,6 +859,8 @@ mod tests {
             "loaded",
             "already_cached",
             "skipped",
+            "storage_errors",
+            "recovery_conflicts",
             "hot_buffers",
             "coverage",
         ] {
