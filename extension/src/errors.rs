@@ -65,3 +65,32 @@ pub fn invalid_input(what: &str, error: &DecodeError) -> ! {
 pub fn invalid_argument(message: String, detail: Option<String>) -> ! {
     raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, message, detail, None)
 }
+
+/// Raises ERRCODE_OUT_OF_MEMORY, as palloc does, for an allocation of `bytes` that failed.
+pub fn out_of_memory(what: &str, bytes: u64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OUT_OF_MEMORY,
+        "out of memory".into(),
+        Some(format!("Failed on a request of size {bytes} for {what}.")),
+        None,
+    )
+}
+
+/// Raises the ERROR for a block list the codec refused. `limit_hint` explains the limit of
+/// the calling function when the list is over it.
+///
+/// - over the caller's block limit: 54000 program_limit_exceeded;
+/// - allocation failure: 53200 out_of_memory, "out of memory", as palloc reports it;
+/// - anything else: 22P03 invalid_binary_representation (`invalid_input`).
+pub fn block_list_refused(error: &DecodeError, limit_hint: &str) -> ! {
+    match error {
+        DecodeError::TooManyBlocks { .. } => raise(
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            "pg_ccm block list has too many blocks".into(),
+            Some(sentence(&error.to_string())),
+            Some(limit_hint),
+        ),
+        DecodeError::OutOfMemory { bytes } => out_of_memory("a decoded pg_ccm block list", *bytes),
+        _ => invalid_input("block list", error),
+    }
+}
