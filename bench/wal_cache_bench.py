@@ -41,67 +41,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from harness.cgroups import BlkioThrottle, MemoryCgroup, controller_available, data_device  # noqa: E402
 from harness.cluster import PG_BIN, Cluster, Node, pgbench  # noqa: E402
 from harness.logical import Recvlogical, pages_between, wal_cache_row, wal_cache_status  # noqa: E402
 
-CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
-
-
 def say(text: str = "") -> None:
     print(text, flush=True)
-
-
-class MemoryCgroup:
-    """A cgroup v1 memory group with a limit; `wrapper` runs a command inside it."""
-
-    def __init__(self, name: str, limit: str):
-        self.path = CGROUP_ROOT / name
-        self.path.mkdir(exist_ok=True)
-        (self.path / "memory.limit_in_bytes").write_text(limit)
-        self.wrapper = ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "in-cgroup"]
-
-    def usage_mb(self) -> float:
-        return int((self.path / "memory.usage_in_bytes").read_text()) / 2**20
-
-    def remove(self) -> None:
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
-
-
-class BlkioThrottle:
-    """cgroup v1 blkio limits on the disk's reads, for the server: storage like a network
-    volume's (EBS gp3's baseline is 3000 IOPS and 125 MB/s) instead of a local disk."""
-
-    def __init__(self, name: str, device: str, iops: int, mbps: int):
-        self.path = Path("/sys/fs/cgroup/blkio") / name
-        self.path.mkdir(exist_ok=True)
-        if iops:
-            (self.path / "blkio.throttle.read_iops_device").write_text(f"{device} {iops}")
-        if mbps:
-            (self.path / "blkio.throttle.read_bps_device").write_text(f"{device} {mbps * 2**20}")
-        self.wrapper = ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "in-blkio-cgroup"]
-
-    def remove(self) -> None:
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
-
-
-def data_device(path: Path) -> str:
-    """major:minor of the block device holding `path` (the whole disk, not a partition)."""
-    device = os.stat(path).st_dev
-    major, minor = os.major(device), os.minor(device)
-    sys_dev = Path(f"/sys/dev/block/{major}:{minor}")
-    if (sys_dev / "partition").exists():
-        return (sys_dev.resolve().parent / "dev").read_text().strip()
-    return f"{major}:{minor}"
 
 
 class Streamer:
@@ -287,8 +232,8 @@ def main() -> None:
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C, so that servers, cgroups and the pressure processes go.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    if not CGROUP_ROOT.is_dir():
-        sys.exit(f"{CGROUP_ROOT} is missing: this benchmark needs the cgroup v1 memory controller")
+    if not controller_available("memory"):
+        sys.exit("this benchmark needs the cgroup v1 memory controller (/sys/fs/cgroup/memory)")
     args.workdir.mkdir(parents=True, exist_ok=True)
     big_file = args.workdir / "stream.bin"
     make_big_file(big_file, args.stream_file_mb)

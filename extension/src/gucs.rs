@@ -14,10 +14,12 @@ pub static USAGE_THRESHOLD: GucSetting<i32> = GucSetting::<i32>::new(3);
 pub static PREWARM_READAHEAD_THREADS: GucSetting<i32> = GucSetting::<i32>::new(2);
 
 /// `ccm.logical_wal_cache`: size of the logical WAL cache in WAL pages (8 kB); 0 turns it
-/// off, 1 to 3 are raised to 4 (as Aurora's `rds.logical_wal_cache`).
+/// off, 1 to 3 are raised to 4 (as Aurora's `rds.logical_wal_cache`). The worker uses at
+/// most a quarter of physical memory, whatever the setting (`wal_cache::cache_pages`).
 pub static LOGICAL_WAL_CACHE: GucSetting<i32> = GucSetting::<i32>::new(2048);
 
-/// 32 GB of WAL; more is a typo rather than a cache.
+/// 32 GB of WAL; more is a typo rather than a cache. (The worker also caps the cache at a
+/// quarter of physical memory.)
 const MAX_LOGICAL_WAL_CACHE: i32 = 4 * 1024 * 1024;
 
 /// Raises positive settings below the minimum, so that SHOW reports the size in use.
@@ -68,7 +70,7 @@ pub fn init() {
         GucRegistry::define_int_guc_with_hooks(
             c"ccm.logical_wal_cache",
             c"Size of the logical replication WAL cache.",
-            c"The newest WAL pages, up to this size, are kept in memory for logical walsenders; 0 turns the cache off, and sizes below 4 pages are raised to 4.",
+            c"The newest WAL pages, up to this size, are kept in memory for logical walsenders; 0 turns the cache off, sizes below 4 pages are raised to 4, and at most a quarter of physical memory is used.",
             &LOGICAL_WAL_CACHE,
             0,
             MAX_LOGICAL_WAL_CACHE,

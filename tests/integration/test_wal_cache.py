@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from harness.cluster import Cluster, Node, free_port, pgbench
+from harness.cgroups import BlkioThrottle, controller_available, data_device
+from harness.cluster import Cluster, Node, free_port, pgbench, run_pg
 from harness.logical import (PAGE, Recvlogical, lsn_to_int, pages_between, resident_bytes,
                              wal_cache_row, wal_cache_status)
 
@@ -340,3 +342,117 @@ def test_the_agent_reports_the_wal_cache(log_dir):
     [slot] = cache["slots"]
     assert slot["name"] == "cdc" and slot["blks_read"] > 0 and slot["active_pid"] is not None
     assert slot["hit_rate"].endswith("%")
+
+
+# -- the worker's safety: bounded locking, the memory cap, retries ---------------------------
+
+def emit_wal(node: Node, megabytes: int) -> None:
+    """Writes `megabytes` MB of WAL quickly: non-transactional logical messages of 1 MB."""
+    node.sql("SELECT count(pg_logical_emit_message(false, 'pg_ccm test', repeat('x', 1048576))) "
+             "FROM generate_series(1, %s)", [megabytes])
+
+
+def server_log(node: Node) -> str:
+    return node.logfile.read_text(errors="replace")
+
+
+def read_throttle(name: str, path: Path, mbps: int) -> BlkioThrottle:
+    """Limits reads from the disk holding `path` (as the benchmark's --read-mbps does)."""
+    if not controller_available("blkio"):
+        pytest.skip("slowing down reads needs the cgroup v1 blkio controller")
+    device = data_device(path)
+    if device is None:
+        pytest.skip(f"{path} is not on a block device")
+    return BlkioThrottle(name, device, mbps=mbps)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="granting CAP_IPC_LOCK and throttling reads need root")
+def test_a_fast_shutdown_does_not_wait_for_a_large_cache_to_be_locked():
+    """mlock() reads what it locks from storage, synchronously, deaf to SIGTERM. A worker
+    that locked its whole window in one call kept `pg_ctl stop -m fast` waiting until the
+    window was read: here 1 GB of evicted WAL at 20 MB/s, about 50 s. It now locks in steps
+    of a few MB, checks for shutdown between them, and shows its progress meanwhile."""
+    cache_pages = 131072  # 1 GB
+    # Clusters live under the temporary directory.
+    throttle = read_throttle(f"pg_ccm_test_{os.getpid()}", Path(tempfile.gettempdir()), 20)
+    with primary_only(cache="1GB", ipc_lock=True, max_wal_size="'4GB'", wal_keep_size="'2GB'") as primary:
+        try:
+            emit_wal(primary, 1100)
+            primary.wait_until(lambda: wal_cache_status(primary)["locked_blocks"] == cache_pages,
+                               "the whole cache to be locked", timeout=120)
+            primary.stop()
+            # The next worker has to read the whole window back from storage to lock it.
+            subprocess.run(["sync"], check=True)
+            subprocess.run(["vmtouch", "-q", "-e", str(primary.datadir / "pg_wal")], check=True)
+            primary.wrapper = throttle.wrapper
+            primary.start()
+            primary.wait_until(lambda: len(worker_processes(primary)) == 1, "the worker to start", timeout=30)
+            time.sleep(1)
+            first = wal_cache_status(primary)
+            time.sleep(1)
+            second = wal_cache_status(primary)
+            started = time.monotonic()
+            primary.stop("fast")
+            elapsed = time.monotonic() - started
+            assert not primary.is_running()
+            log = server_log(primary)
+        finally:
+            primary.stop("immediate")
+            throttle.remove()
+    assert elapsed < 5, f"pg_ctl stop -m fast took {elapsed:.1f} s"
+    # Meanwhile the worker published its progress, newest pages first.
+    assert first["mode"] == second["mode"] == "partly locked", (first, second)
+    assert 0 < first["locked_blocks"] < second["locked_blocks"] < cache_pages // 2, (first, second)
+    assert second["size_blocks"] == cache_pages
+    assert "terminated by signal" not in log and "PANIC" not in log, log[-2000:]
+
+
+def test_an_oversized_cache_is_capped_at_a_quarter_of_physical_memory():
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    cap_pages = physical // 4 // PAGE
+    if cap_pages >= 4 * 1024 * 1024:
+        pytest.skip("with 128 GB of RAM or more the setting's 32 GB maximum is below the cap")
+    with primary_only(cache="32GB") as primary:
+        assert primary.one("SHOW ccm.logical_wal_cache") == "32GB", "the setting itself is kept"
+        status = wal_cache_status(primary)
+        assert status["size_blocks"] == cap_pages, status
+        log = server_log(primary)
+    warning = re.search(r"WARNING:  ccm\.logical_wal_cache \(33554432 kB\) exceeds a quarter of physical "
+                        r"memory, using (\d+) kB", log)
+    assert warning and int(warning.group(1)) == cap_pages * PAGE // 1024, log[-2000:]
+    assert "HINT:  Lower ccm.logical_wal_cache." in log
+
+
+def test_a_failed_lock_is_retried_until_it_succeeds():
+    """A failed mlock() (EAGAIN under memory pressure, or as here ENOMEM from a lowered
+    RLIMIT_MEMLOCK) no longer turns locking off until the worker restarts: the worker warns
+    once, keeps the pages mapped, and retries with a backoff of 1 s doubling to a minute."""
+    cache_pages = 512  # 4 MB, the server's whole lock limit
+    limit = 4 * 1024 * 1024
+    with primary_only(cache=str(cache_pages), memlock=str(limit)) as primary:
+        emit_wal(primary, 8)
+        primary.wait_until(lambda: wal_cache_status(primary)["locked_blocks"] == cache_pages, "the cache to be locked")
+        worker = wal_cache_status(primary)["worker_pid"]
+        # Lower the worker's soft limit (as its own user, which needs no privilege).
+        run_pg(["prlimit", f"--pid={worker}", f"--memlock={limit // 4}:{limit}"])
+
+        def warned() -> bool:
+            emit_wal(primary, 1)
+            return "could not lock logical WAL cache pages in memory" in server_log(primary)
+        primary.wait_until(warned, "the lock to fail", timeout=30)
+        failing = wal_cache_status(primary)
+        assert failing["mode"] in ("partly locked", "mapped") and failing["locked_blocks"] < cache_pages, failing
+        assert failing["held_blocks"] == cache_pages, "the unlocked pages stay mapped and resident"
+
+        run_pg(["prlimit", f"--pid={worker}", f"--memlock={limit}:{limit}"])
+
+        def relocked() -> bool:
+            emit_wal(primary, 1)
+            status = wal_cache_status(primary)
+            return status["mode"] == "locked" and status["locked_blocks"] == cache_pages
+        primary.wait_until(relocked, "locking to resume", timeout=90, interval=0.5)
+        assert wal_cache_status(primary)["worker_pid"] == worker, "the same worker, not a restart"
+        log = server_log(primary)
+    assert log.count("could not lock logical WAL cache pages in memory") == 1, "one WARNING per failure streak"
+    assert "DETAIL:  Locking is retried in 1 s" in log
+    assert "pg_ccm logical WAL cache pages are locked in memory again" in log

@@ -5,8 +5,9 @@
 //! position, first-in first-out: a page enters when it is written and leaves when the
 //! window has moved `size` pages past it. The background worker maps those pages from the
 //! segment files and locks them in memory; this crate says *which* pages (`Window`,
-//! `segment_pieces`), and how a replication slot's progress turns into hits and misses
-//! (`SlotCounter`).
+//! `segment_pieces`), how much of it to lock and in which steps (`lock_target`,
+//! `next_lock_step`, `capped_cache_pages`), and how a replication slot's progress turns into
+//! hits and misses (`SlotCounter`).
 
 use std::ops::Range;
 
@@ -25,6 +26,43 @@ pub fn effective_cache_pages(setting: i32) -> i32 {
         1..MIN_CACHE_PAGES => MIN_CACHE_PAGES,
         _ => setting,
     }
+}
+
+/// A quarter of physical memory: the largest cache the worker uses, whatever the setting
+/// (with CAP_IPC_LOCK nothing else bounds what it locks).
+pub const PHYSICAL_MEMORY_DIVISOR: u64 = 4;
+
+/// The cache size in pages for a host with `physical_memory` bytes of RAM: `pages`, at most
+/// a quarter of the RAM (but never below the minimum size); 0 stays 0 (off), and an unknown
+/// RAM size (0) caps nothing.
+pub fn capped_cache_pages(pages: u64, physical_memory: u64) -> u64 {
+    if pages == 0 || physical_memory == 0 {
+        return pages;
+    }
+    let cap = (physical_memory / PHYSICAL_MEMORY_DIVISOR / WAL_PAGE).max(MIN_CACHE_PAGES as u64);
+    pages.min(cap)
+}
+
+/// Rounds down to a multiple of `granule` (a power of two).
+pub fn align_down(value: u64, granule: u64) -> u64 {
+    debug_assert!(granule.is_power_of_two());
+    value & !(granule - 1)
+}
+
+/// Rounds up to a multiple of `granule` (a power of two), saturating.
+pub fn align_up(value: u64, granule: u64) -> u64 {
+    align_down(value.saturating_add(granule - 1), granule)
+}
+
+/// The unit in which pages are locked, unlocked and checked for residency: the OS page, but
+/// at least a WAL page. `mlock`/`munlock` act on whole OS pages and `mincore` wants an
+/// OS-page-aligned address, so with 64 kB OS pages (some aarch64 kernels) every range the
+/// worker passes them must be aligned to 64 kB, not to 8 kB. None when the OS page size is not
+/// a power of two or does not divide the segment size (the worker then does not lock).
+pub fn lock_granule(os_page: u64, segment_size: u64) -> Option<u64> {
+    let granule = os_page.max(WAL_PAGE);
+    (os_page.is_power_of_two() && segment_size.is_power_of_two() && granule <= segment_size)
+        .then_some(granule)
 }
 
 fn page_floor(lsn: u64) -> u64 {
@@ -91,6 +129,17 @@ impl Window {
         self.start <= page_start && page_start < self.end
     }
 
+    /// The part of both windows (EMPTY when they do not overlap).
+    pub fn intersect(&self, other: &Window) -> Window {
+        let start = self.start.max(other.start);
+        let end = self.end.min(other.end);
+        if start < end {
+            Window { start, end }
+        } else {
+            Window::EMPTY
+        }
+    }
+
     /// The parts of `self` not in `other`: zero, one or two ranges, oldest first.
     pub fn minus(&self, other: &Window) -> Vec<Window> {
         if self.is_empty() {
@@ -114,6 +163,105 @@ impl Window {
         }
         parts
     }
+}
+
+/// What to keep locked of the `mapped` window with a lock budget of `budget` bytes: the
+/// window rounded out to whole `granule`s (see `lock_granule`), then its newest part that fits
+/// in the budget. Rounding out never leaves the segments of `mapped`, since segment
+/// boundaries are multiples of the granule; the OS page holding the flush position is locked
+/// whole, including the part WAL has not reached yet (the segment file exists in full).
+pub fn lock_target(mapped: Window, budget: u64, granule: u64) -> Window {
+    if mapped.is_empty() {
+        return Window::EMPTY;
+    }
+    let end = align_up(mapped.end, granule);
+    let start =
+        align_down(mapped.start, granule).max(end.saturating_sub(align_down(budget, granule)));
+    if start < end {
+        Window { start, end }
+    } else {
+        Window::EMPTY
+    }
+}
+
+/// The next range to lock, at most `step` bytes within one segment, or None when `locked`
+/// covers `target`. `locked` is what is locked now: a contiguous part of `target` (or
+/// EMPTY). Newer pages come first: while `locked` does not reach the end of `target`, the
+/// range right after it (oldest first, so that `locked` stays contiguous); then the range
+/// right before it, newest first; with nothing locked yet, the newest range of `target`.
+/// Locking `[a, b)` and widening `locked` to include it keeps `locked` contiguous. With
+/// `target`, `locked` and `step` multiples of `granule` and the segment size a multiple of
+/// the granule, every range is granule-aligned.
+pub fn next_lock_step(
+    locked: Window,
+    target: Window,
+    step: u64,
+    segment_size: u64,
+) -> Option<Window> {
+    assert!(step > 0 && segment_size.is_power_of_two());
+    // The range of at most `step` bytes that ends at `end`, within the target and one segment.
+    let backwards = |end: u64| Window {
+        start: end
+            .saturating_sub(step)
+            .max(target.start)
+            .max(align_down(end - 1, segment_size)),
+        end,
+    };
+    if target.is_empty() {
+        return None;
+    }
+    let locked = locked.intersect(&target);
+    if locked.is_empty() {
+        return Some(backwards(target.end));
+    }
+    if locked.end < target.end {
+        let start = locked.end;
+        let end = target
+            .end
+            .min(start.saturating_add(step))
+            .min(align_down(start, segment_size) + segment_size);
+        return Some(Window { start, end });
+    }
+    if locked.start > target.start {
+        return Some(backwards(locked.start));
+    }
+    None
+}
+
+/// `locked` widened by a range `next_lock_step` returned for it.
+pub fn widen(locked: Window, step: Window) -> Window {
+    if locked.is_empty() {
+        return step;
+    }
+    debug_assert!(
+        step.start <= locked.end && locked.start <= step.end,
+        "not adjacent"
+    );
+    Window {
+        start: locked.start.min(step.start),
+        end: locked.end.max(step.end),
+    }
+}
+
+/// Start of the held window: the start of the resident window as of the last residency
+/// check (`resident_from`: just after the newest page then found evicted among the pages not
+/// locked), corrected for what was locked since. Locked pages are resident, so if no evicted
+/// page was found after `locked`, everything from `locked.start` on is held even if the last
+/// check found an evicted page that has since been locked (locking reads it back).
+pub fn held_start(resident_from: u64, locked: Window) -> u64 {
+    if !locked.is_empty() && resident_from <= locked.end {
+        resident_from.min(locked.start)
+    } else {
+        resident_from
+    }
+}
+
+/// How long to wait before trying `mlock` again after the `failures`-th failure in a row:
+/// 1 s, doubling, at most a minute.
+pub fn lock_retry_delay_ms(failures: u32) -> u64 {
+    const FIRST_MS: u64 = 1000;
+    const MAX_MS: u64 = 60_000;
+    (FIRST_MS << failures.saturating_sub(1).min(16)).min(MAX_MS)
 }
 
 /// One segment's share of a WAL range: segment number and byte offsets within the file.
@@ -449,7 +597,241 @@ mod tests {
         );
     }
 
+    const GB: u64 = 1 << 30;
+    const MB: u64 = 1 << 20;
+
+    #[test]
+    fn the_cache_is_at_most_a_quarter_of_physical_memory() {
+        // 16 GB of RAM: at most 4 GB of WAL (524288 pages).
+        assert_eq!(capped_cache_pages(4 * 1024 * 1024, 16 * GB), 524_288);
+        assert_eq!(capped_cache_pages(2048, 16 * GB), 2048);
+        assert_eq!(capped_cache_pages(524_288, 16 * GB), 524_288);
+        assert_eq!(capped_cache_pages(524_289, 16 * GB), 524_288);
+        // Off stays off; an unknown RAM size caps nothing.
+        assert_eq!(capped_cache_pages(0, 16 * GB), 0);
+        assert_eq!(capped_cache_pages(4 * 1024 * 1024, 0), 4 * 1024 * 1024);
+        // A tiny host still gets the minimum cache.
+        assert_eq!(capped_cache_pages(2048, 64 * 1024), MIN_CACHE_PAGES as u64);
+        assert_eq!(capped_cache_pages(2, 64 * 1024), 2);
+    }
+
+    #[test]
+    fn granules_are_os_pages_but_at_least_wal_pages() {
+        assert_eq!(lock_granule(4096, SEG), Some(WAL_PAGE));
+        assert_eq!(lock_granule(16384, SEG), Some(16384));
+        assert_eq!(lock_granule(65536, SEG), Some(65536));
+        assert_eq!(lock_granule(65536, MB), Some(65536));
+        assert_eq!(lock_granule(2 * MB, MB), None);
+        assert_eq!(lock_granule(12288, SEG), None);
+        assert_eq!(align_down(70_000, 65536), 65536);
+        assert_eq!(align_up(70_000, 65536), 131_072);
+        assert_eq!(align_up(65536, 65536), 65536);
+        assert_eq!(align_up(u64::MAX, 4096), u64::MAX - 4095);
+    }
+
+    #[test]
+    fn intersections() {
+        let a = Window { start: 10, end: 20 };
+        assert_eq!(
+            a.intersect(&Window { start: 15, end: 30 }),
+            Window { start: 15, end: 20 }
+        );
+        assert_eq!(
+            a.intersect(&Window { start: 0, end: 12 }),
+            Window { start: 10, end: 12 }
+        );
+        assert!(a.intersect(&Window { start: 20, end: 30 }).is_empty());
+        assert!(a.intersect(&Window::EMPTY).is_empty());
+    }
+
+    #[test]
+    fn the_lock_target_is_whole_os_pages_within_the_budget() {
+        let mapped = Window {
+            start: SEG + 3 * WAL_PAGE,
+            end: SEG + 100 * WAL_PAGE,
+        };
+        // 4 kB OS pages: the granule is a WAL page, as before.
+        assert_eq!(lock_target(mapped, u64::MAX, WAL_PAGE), mapped);
+        assert_eq!(
+            lock_target(mapped, 10 * WAL_PAGE + 5, WAL_PAGE),
+            Window {
+                start: SEG + 90 * WAL_PAGE,
+                end: SEG + 100 * WAL_PAGE
+            }
+        );
+        // 64 kB OS pages (8 WAL pages): rounded out to whole OS pages.
+        let k64 = 65536;
+        assert_eq!(
+            lock_target(mapped, u64::MAX, k64),
+            Window {
+                start: SEG,
+                end: SEG + 104 * WAL_PAGE
+            }
+        );
+        // The budget counts whole OS pages: 512 kB + 5 bytes is 8 of them.
+        assert_eq!(
+            lock_target(mapped, MB / 2 + 5, k64),
+            Window {
+                start: SEG + 104 * WAL_PAGE - MB / 2,
+                end: SEG + 104 * WAL_PAGE
+            }
+        );
+        assert!(lock_target(mapped, k64 - 1, k64).is_empty());
+        assert!(lock_target(Window::EMPTY, u64::MAX, k64).is_empty());
+    }
+
+    #[test]
+    fn locking_starts_with_the_newest_step_and_extends_backwards() {
+        let step = 4 * MB;
+        let target = Window {
+            start: SEG - 6 * MB,
+            end: 2 * SEG + 5 * MB,
+        };
+        let first = next_lock_step(Window::EMPTY, target, step, SEG).unwrap();
+        assert_eq!(
+            first,
+            Window {
+                start: 2 * SEG + MB,
+                end: 2 * SEG + 5 * MB
+            }
+        );
+        let locked = widen(Window::EMPTY, first);
+        // The next one stops at the segment boundary.
+        let second = next_lock_step(locked, target, step, SEG).unwrap();
+        assert_eq!(
+            second,
+            Window {
+                start: 2 * SEG,
+                end: 2 * SEG + MB
+            }
+        );
+        let locked = widen(locked, second);
+        assert_eq!(
+            next_lock_step(locked, target, step, SEG),
+            Some(Window {
+                start: 2 * SEG - step,
+                end: 2 * SEG
+            })
+        );
+        // New WAL: the head is locked first, forwards, then the rest backwards.
+        let moved = Window {
+            start: target.start,
+            end: target.end + 2 * WAL_PAGE,
+        };
+        assert_eq!(
+            next_lock_step(locked, moved, step, SEG),
+            Some(Window {
+                start: target.end,
+                end: moved.end
+            })
+        );
+        // All locked: nothing to do.
+        assert_eq!(next_lock_step(target, target, step, SEG), None);
+        assert_eq!(
+            next_lock_step(Window::EMPTY, Window::EMPTY, step, SEG),
+            None
+        );
+    }
+
+    #[test]
+    fn locked_pages_count_as_held_unless_a_newer_page_was_evicted() {
+        let locked = Window {
+            start: 100 * WAL_PAGE,
+            end: 200 * WAL_PAGE,
+        };
+        // Resident from before the locked part: held from there.
+        assert_eq!(held_start(50 * WAL_PAGE, locked), 50 * WAL_PAGE);
+        // The evicted page found by the last check has been locked since.
+        assert_eq!(held_start(150 * WAL_PAGE, locked), 100 * WAL_PAGE);
+        assert_eq!(held_start(200 * WAL_PAGE, locked), 100 * WAL_PAGE);
+        // A page newer than the locked part was evicted: the locked pages are not held.
+        assert_eq!(held_start(201 * WAL_PAGE, locked), 201 * WAL_PAGE);
+        assert_eq!(held_start(42, Window::EMPTY), 42);
+    }
+
+    #[test]
+    fn lock_retries_back_off_to_a_minute() {
+        let delays: Vec<u64> = (1..=9).map(lock_retry_delay_ms).collect();
+        assert_eq!(
+            delays,
+            [1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000, 60000]
+        );
+        assert_eq!(lock_retry_delay_ms(u32::MAX), 60_000);
+        assert_eq!(lock_retry_delay_ms(0), 1000);
+    }
+
     proptest! {
+        #[test]
+        fn lock_steps_cover_the_target_exactly(
+            start_granules in 0u64..100_000,
+            len_granules in 0u64..20_000,
+            budget_granules in 0u64..30_000,
+            shift in 0u32..4,
+            step_granules in 1u64..600,
+        ) {
+            let granule = WAL_PAGE << shift; // 8 kB to 64 kB
+            let mapped = Window {
+                start: start_granules * WAL_PAGE,
+                end: (start_granules + len_granules) * WAL_PAGE,
+            };
+            let target = lock_target(mapped, budget_granules * granule, granule);
+            prop_assert_eq!(target.start % granule, 0);
+            prop_assert_eq!(target.end % granule, 0);
+            prop_assert!(target.bytes() <= budget_granules * granule);
+            if !target.is_empty() {
+                prop_assert!(target.start / SEG >= mapped.start / SEG);
+                prop_assert!((target.end - 1) / SEG <= (mapped.end - 1) / SEG);
+                prop_assert!(target.end >= mapped.end);
+            }
+            let step = step_granules * granule;
+            let mut locked = Window::EMPTY;
+            let mut steps = 0u64;
+            while let Some(range) = next_lock_step(locked, target, step, SEG) {
+                prop_assert!(!range.is_empty());
+                prop_assert!(range.bytes() <= step);
+                prop_assert_eq!(range.start % granule, 0);
+                prop_assert_eq!(range.end % granule, 0);
+                prop_assert_eq!(range.start / SEG, (range.end - 1) / SEG, "one segment");
+                prop_assert!(range.intersect(&locked).is_empty());
+                prop_assert_eq!(range.intersect(&target), range);
+                // Newest first: each range ends where the locked part starts.
+                if !locked.is_empty() {
+                    prop_assert_eq!(range.end, locked.start);
+                } else {
+                    prop_assert_eq!(range.end, target.end);
+                }
+                locked = widen(locked, range);
+                steps += 1;
+                prop_assert!(steps <= target.bytes() / step + target.bytes() / SEG + 2);
+            }
+            prop_assert_eq!(locked, target);
+        }
+
+        #[test]
+        fn a_moving_target_keeps_the_lock_contiguous(
+            moves in proptest::collection::vec((0u64..3000, 0u64..3000, 1u64..64), 1..20),
+        ) {
+            let granule = 65536;
+            let mut end = 0u64;
+            let mut locked = Window::EMPTY;
+            for (advance_pages, budget_pages, step_granules) in moves {
+                end += advance_pages * WAL_PAGE;
+                let mapped = Window::newest(end, 2000);
+                let target = lock_target(mapped, budget_pages * WAL_PAGE, granule);
+                // What the worker does: unlock what left the target, then lock a few steps.
+                locked = locked.intersect(&target);
+                for _ in 0..3 {
+                    match next_lock_step(locked, target, step_granules * granule, SEG) {
+                        Some(range) => locked = widen(locked, range),
+                        None => break,
+                    }
+                }
+                prop_assert_eq!(locked.intersect(&target), locked);
+                prop_assert_eq!(locked.start % granule, 0);
+                prop_assert_eq!(locked.end % granule, 0);
+            }
+        }
+
         #[test]
         fn every_page_is_counted_once(steps in proptest::collection::vec((0u64..5000, 0u64..6000, 0u64..200), 1..50)) {
             let mut slot = SlotCounter::starting_at(0);

@@ -15,9 +15,30 @@ mod shared;
 mod slots;
 mod worker;
 
-/// The cache size in WAL pages; 0 when the cache is off.
-pub fn cache_pages() -> u64 {
+/// The `ccm.logical_wal_cache` setting in WAL pages; 0 when the cache is off.
+pub fn setting_pages() -> u64 {
     ccm_walcache::effective_cache_pages(crate::gucs::LOGICAL_WAL_CACHE.get()).max(0) as u64
+}
+
+/// Bytes of physical memory (0 if unknown).
+pub fn physical_memory() -> u64 {
+    let (pages, page_size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages > 0 && page_size > 0 {
+        (pages as u64).saturating_mul(page_size as u64)
+    } else {
+        0
+    }
+}
+
+/// The cache size in WAL pages that the worker uses: the setting, at most a quarter of
+/// physical memory; 0 when the cache is off.
+pub fn cache_pages() -> u64 {
+    ccm_walcache::capped_cache_pages(setting_pages(), physical_memory())
 }
 
 /// Called from `_PG_init`, after the GUCs are defined.

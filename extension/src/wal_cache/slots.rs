@@ -9,6 +9,12 @@
 //! created or dropped meanwhile, but without each slot's spinlock: the values are aligned
 //! machine words, so a read sees an old or a new value, never a torn one, and an old one only
 //! delays the accounting by one tick.
+//!
+//! Other processes write these structs while we read them, so no Rust reference to them (or
+//! to the arrays holding them) is ever made: each field is read through a raw pointer
+//! (`addr_of!`) with `read_volatile`.
+
+use std::ptr::addr_of;
 
 use pgrx::pg_sys;
 
@@ -44,7 +50,11 @@ impl Drop for SlotControlShared {
     }
 }
 
-fn volatile<T: Copy>(field: &T) -> T {
+/// Reads one field of shared memory that other processes may be writing.
+///
+/// # Safety
+/// `field` must point to a live, aligned `T` in shared memory.
+unsafe fn volatile<T: Copy>(field: *const T) -> T {
     unsafe { std::ptr::read_volatile(field) }
 }
 
@@ -56,16 +66,36 @@ fn walsender_positions() -> Vec<(i32, u64)> {
         if ctl.is_null() {
             return positions;
         }
-        let senders = (*ctl).walsnds.as_ptr();
+        let senders = addr_of!((*ctl).walsnds).cast::<pg_sys::WalSnd>();
         for i in 0..pg_sys::max_wal_senders.max(0) as usize {
-            let sender = &*senders.add(i);
-            let pid = volatile(&sender.pid);
-            if pid != 0 {
-                positions.push((pid, volatile(&sender.sentPtr)));
+            let sender = senders.add(i);
+            let pid = volatile(addr_of!((*sender).pid));
+            if pid == 0 {
+                continue;
+            }
+            let sent = volatile(addr_of!((*sender).sentPtr));
+            // A walsender that exited between the two reads and was replaced could pair its
+            // successor's pid with its own position; the pid read again tells.
+            if volatile(addr_of!((*sender).pid)) == pid {
+                positions.push((pid, sent));
             }
         }
     }
     positions
+}
+
+/// A slot's name, copied byte by byte out of shared memory (NUL-terminated there).
+unsafe fn slot_name(slot: *const pg_sys::ReplicationSlot) -> String {
+    let name = unsafe { addr_of!((*slot).data.name.data) }.cast::<std::ffi::c_char>();
+    let mut bytes = Vec::with_capacity(pg_sys::NAMEDATALEN as usize);
+    for i in 0..pg_sys::NAMEDATALEN as usize - 1 {
+        let byte = unsafe { volatile(name.add(i)) } as u8;
+        if byte == 0 {
+            break;
+        }
+        bytes.push(byte);
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Every logical slot in use, oldest index first.
@@ -78,17 +108,17 @@ pub fn logical_slots() -> Vec<LogicalSlot> {
         if ctl.is_null() {
             return slots;
         }
-        let array = (*ctl).replication_slots.as_ptr();
+        let array = addr_of!((*ctl).replication_slots).cast::<pg_sys::ReplicationSlot>();
         for index in 0..pg_sys::max_replication_slots.max(0) as usize {
-            let slot = &*array.add(index);
-            if !volatile(&slot.in_use) || slot.data.database == pg_sys::InvalidOid {
+            let slot = array.add(index);
+            if !volatile(addr_of!((*slot).in_use))
+                || volatile(addr_of!((*slot).data.database)) == pg_sys::InvalidOid
+            {
                 continue; // free, or a physical slot
             }
-            let name = std::ffi::CStr::from_ptr(slot.data.name.data.as_ptr())
-                .to_string_lossy()
-                .into_owned();
-            let active_pid = volatile(&slot.active_pid);
-            let mut position = volatile(&slot.data.confirmed_flush);
+            let name = slot_name(slot);
+            let active_pid = volatile(addr_of!((*slot).active_pid));
+            let mut position = volatile(addr_of!((*slot).data.confirmed_flush));
             if active_pid != 0 {
                 if let Some(&(_, sent)) = senders.iter().find(|(pid, _)| *pid == active_pid) {
                     position = position.max(sent);

@@ -6,6 +6,10 @@
 //! database connection, no transaction, no lock but the short shared one on the slot array.
 //! It starts when recovery has finished (a standby has no logical walsenders in 15), so a
 //! promoted standby gets its cache at promotion.
+//!
+//! Locking a large window (at start, after a timeline switch) goes in bounded steps, and
+//! between steps the worker checks for SIGTERM and postmaster death (`stop_requested`), so
+//! a fast shutdown never waits for the cache to be read from storage.
 
 use std::time::Duration;
 
@@ -13,21 +17,72 @@ use ccm_walcache::Window;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 
-use super::segments::{raise_lock_limit, SegmentCache};
+use super::segments::{os_page_size, raise_lock_limit, SegmentCache};
 use super::shared::{self, CacheView};
 use super::slots;
 use crate::compat;
 
 const TICK: Duration = Duration::from_millis(10);
 
+/// Whether the worker should stop what it is doing and leave: SIGTERM, or the postmaster
+/// died. pgrx's SIGTERM handler sets `ShutdownRequestPending` and the latch; neither is
+/// consumed here, so the main loop's `wait_latch` then returns false at once.
+fn stop_requested() -> bool {
+    pg_sys::check_for_interrupts!();
+    unsafe {
+        if std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 {
+            return true;
+        }
+        // Without WL_LATCH_SET and with a zero timeout this only polls for postmaster death.
+        let events = pg_sys::WaitLatch(
+            std::ptr::null_mut(),
+            (pg_sys::WL_TIMEOUT | pg_sys::WL_POSTMASTER_DEATH) as i32,
+            0,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        events & pg_sys::WL_POSTMASTER_DEATH as i32 != 0
+    }
+}
+
+fn kilobytes(bytes: u64) -> String {
+    format!("{} kB", bytes / 1024)
+}
+
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn pg_ccm_wal_cache_main(_argument: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let setting = super::setting_pages();
     let pages = super::cache_pages();
+    if pages < setting {
+        pgrx::pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            format!(
+                "ccm.logical_wal_cache ({}) exceeds a quarter of physical memory, using {}",
+                kilobytes(setting * ccm_walcache::WAL_PAGE),
+                kilobytes(pages * ccm_walcache::WAL_PAGE)
+            ),
+            "pg_ccm",
+        )
+        .set_detail(format!(
+            "The host has {} of physical memory, and locked WAL pages cannot be evicted.",
+            kilobytes(super::physical_memory())
+        ))
+        .set_hint("Lower ccm.logical_wal_cache.")
+        .report(PgLogLevel::WARNING);
+    }
     let segment_size = unsafe { pg_sys::wal_segment_size } as u64;
+    let os_page = os_page_size();
+    let granule = ccm_walcache::lock_granule(os_page, segment_size);
+    if granule.is_none() {
+        log!(
+            "pg_ccm logical WAL cache does not lock pages in memory: the OS page size ({} bytes) does not divide the WAL segment size ({} bytes)",
+            os_page,
+            segment_size
+        );
+    }
     let lock_limit = raise_lock_limit();
-    let mut cache = SegmentCache::new(pages, segment_size, lock_limit);
+    let mut cache = SegmentCache::new(pages, segment_size, lock_limit, os_page, granule);
     let pid = unsafe { pg_sys::MyProcPid };
     log!(
         "pg_ccm logical WAL cache started: {} kB, memory lock limit {}",
@@ -45,7 +100,7 @@ pub extern "C-unwind" fn pg_ccm_wal_cache_main(_argument: pg_sys::Datum) {
             continue;
         }
         let (flush, timeline) = compat::wal_flush_position();
-        let coverage = cache.advance(flush, timeline);
+        let coverage = cache.advance(flush, timeline, &stop_requested);
         shared::account(&slots::logical_slots(), held_before);
         held_before = coverage.held;
         shared::publish(CacheView {
