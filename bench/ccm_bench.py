@@ -7,12 +7,12 @@ Sections:
   scan      hot-set scan speed (buffer headers per second) with shared_buffers full
   filter    filter size per cached buffer at 1% false positives, and build speed
   list      block-list bytes per block, clustered and scattered hot sets
-  prewarm   ccm_prewarm against pg_prewarm(rel, 'buffer') on the same cold relation, and a
-            scattered list against reading the same blocks one at a time
+  prewarm   ccm_prewarm against pg_prewarm(rel, 'buffer') on the same cold relation of a
+            streaming standby, and a scattered list against reading the same blocks one at a time
   overhead  primary TPS under pgbench with and without a running ccm-agent
 
-"Cold" means: server restarted (empty shared_buffers) and the relation's files evicted
-from the OS page cache (sync + POSIX_FADV_DONTNEED via vmtouch -e).
+"Cold" means: server restarted (empty shared_buffers; a standby after a restartpoint) and the
+relation's files evicted from the OS page cache (sync + POSIX_FADV_DONTNEED via vmtouch -e).
 """
 
 from __future__ import annotations
@@ -53,20 +53,16 @@ def relation_path(node: Node, table: str) -> Path:
     return node.datadir / node.one("SELECT pg_relation_filepath(%s::regclass)", [table])
 
 
-def make_cold(node: Node) -> None:
-    node.restart()
-    node.drop_os_cache()
-
-
 COLD_RUNS = 3
 
 
-def cold_timed(node: Node, query: str, params=None, setup: tuple[str, ...] = ()) -> tuple[float, list]:
-    """Median over COLD_RUNS runs, each from a cold start (single cold runs vary a lot)."""
+def cold_timed(cluster: Cluster, query: str, params=None, setup: tuple[str, ...] = ()) -> tuple[float, list]:
+    """Median over COLD_RUNS runs on the standby, each from a cold start (restarted after a
+    restartpoint, files evicted from the OS cache; single cold runs vary a lot)."""
     times, rows = [], []
     for _ in range(COLD_RUNS):
-        make_cold(node)
-        seconds, rows = timed(node, query, params, setup=setup)
+        cluster.make_standby_cold()
+        seconds, rows = timed(cluster.standby, query, params, setup=setup)
         times.append(seconds)
     return statistics.median(times), rows
 
@@ -140,18 +136,20 @@ def bench_list(node: Node) -> None:
     say()
 
 
-def bench_prewarm(node: Node, megabytes: int) -> None:
-    say(f"## Prewarm throughput (cold relation: restarted server, files evicted from the OS cache; median of {COLD_RUNS} cold runs)")
-    blocks = fill_table(node, "prewarm_rel", megabytes)
-    node.sql("CHECKPOINT")
+def bench_prewarm(cluster: Cluster, megabytes: int) -> None:
+    say(f"## Prewarm throughput on a standby (cold relation: restarted standby, files evicted from the OS cache; median of {COLD_RUNS} cold runs)")
+    blocks = fill_table(cluster.primary, "prewarm_rel", megabytes)
+    cluster.primary.sql("CHECKPOINT")
+    cluster.wait_caught_up(timeout=600)
+    node = cluster.standby
     full_list = whole_relation_list(node, "prewarm_rel", range(blocks))
     say("| method | blocks | seconds | MB/s | vs baseline |")
     say("|---|---:|---:|---:|---:|")
     mb = blocks * 8 / 1024
-    base, _ = cold_timed(node, "SELECT pg_prewarm('prewarm_rel', 'buffer')")
+    base, _ = cold_timed(cluster, "SELECT pg_prewarm('prewarm_rel', 'buffer')")
     say(f"| pg_prewarm(rel, 'buffer') | {blocks} | {base:.2f} | {mb / base:.0f} | 1.00 |")
     for label, setup in PREWARM_MODES:
-        ours, rows = cold_timed(node, "SELECT loaded FROM ccm_prewarm(%s)", [full_list], setup=setup)
+        ours, rows = cold_timed(cluster, "SELECT loaded FROM ccm_prewarm(%s)", [full_list], setup=setup)
         assert rows[0][0] == blocks, rows
         say(f"| ccm_prewarm(whole relation), {label} | {blocks} | {ours:.2f} | {mb / ours:.0f} | {base / ours:.2f} |")
 
@@ -161,13 +159,13 @@ def bench_prewarm(node: Node, megabytes: int) -> None:
         scattered = whole_relation_list(node, "prewarm_rel", sample)
         mb = len(sample) * 8 / 1024
         one_by_one, _ = cold_timed(
-            node,
+            cluster,
             "SELECT sum(pg_prewarm('prewarm_rel', 'buffer', 'main', b, b)) FROM unnest(%s::int8[]) b",
             [sample],
         )
         say(f"| pg_prewarm one block at a time, random {percent}% of the blocks | {len(sample)} | {one_by_one:.2f} | {mb / one_by_one:.0f} | 1.00 |")
         for label, setup in PREWARM_MODES:
-            ours, rows = cold_timed(node, "SELECT loaded FROM ccm_prewarm(%s)", [scattered], setup=setup)
+            ours, rows = cold_timed(cluster, "SELECT loaded FROM ccm_prewarm(%s)", [scattered], setup=setup)
             assert rows[0][0] == len(sample), rows
             say(f"| ccm_prewarm(same list), {label} | {len(sample)} | {ours:.2f} | {mb / ours:.0f} | {one_by_one / ours:.2f} |")
     say()
@@ -220,21 +218,24 @@ def main() -> None:
     say(f"# pg_ccm benchmark — {time.strftime('%Y-%m-%d %H:%M')} — `{' '.join(sys.argv)}`")
     say()
     settings = {"shared_buffers": f"'{args.shared_buffers}'", "fsync": "on", "max_wal_size": "'8GB'"}
-    if only & {"scan", "filter", "list", "prewarm"}:
+    if only & {"scan", "filter", "list"}:
         with Cluster(settings=settings) as cluster:
             node = cluster.primary
             # The node runs alone: no standby replaying these big loads.
             cluster.standby.stop()
             node.sql("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
             nbuffers = node.one("SELECT setting::int8 FROM pg_settings WHERE name = 'shared_buffers'")
-            if "scan" in only or "filter" in only or "list" in only:
-                bench_scan(node, nbuffers)
+            bench_scan(node, nbuffers)
             if "filter" in only:
                 bench_filter(node)
             if "list" in only:
                 bench_list(node)
-            if "prewarm" in only:
-                bench_prewarm(node, args.prewarm_mb)
+    if "prewarm" in only:
+        # ccm_prewarm runs only on a standby: the relation is loaded on the primary and read,
+        # cold, on its streaming standby; pg_prewarm is measured there too.
+        with Cluster(settings=settings) as cluster:
+            cluster.primary.sql("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+            bench_prewarm(cluster, args.prewarm_mb)
     if "overhead" in only:
         with Cluster(settings={"shared_buffers": "'512MB'"}) as cluster:
             bench_overhead(cluster, args.rounds, args.seconds, args.clients, cluster.base)

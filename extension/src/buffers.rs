@@ -2,12 +2,16 @@
 //!
 //! pg_buffercache takes every buffer header's spinlock. A CCM scan runs every second
 //! over all of shared_buffers, so it reads headers optimistically instead, the way a
-//! seqlock reader does: load the state word, copy the tag, load the state again, and
-//! accept the copy if the header was unlocked both times and its tag-related flags did
-//! not change. A tag can only change under the header lock and never without clearing
-//! BM_VALID until the new page is read, so an accepted copy is a tag the buffer really
-//! held. Only headers that are locked at that moment are read under the lock. The result
-//! is a hint either way: the standby reads the page from its own files.
+//! seqlock reader does: load the state word, copy the tag twice, load the state again,
+//! and accept the copy if the header was unlocked both times, its tag-related flags did
+//! not change and both copies agree. A tag changes only under the header lock and never
+//! without clearing BM_VALID until the new page is read, so a copy torn by a concurrent
+//! retag is rejected, and an accepted copy is a tag the buffer held during the read. It
+//! is not a proof: a reader preempted between its loads while the buffer is retagged
+//! twice (A to B to A') could accept a tag the buffer no longer holds. Only headers that
+//! are locked at that moment are read under the lock. The result is a hint either way: a
+//! stale tag costs at most a block sent once more or held back for one cycle (the next
+//! filter has another seed), and the standby reads every page from its own files.
 
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
@@ -66,13 +70,18 @@ pub fn read_header(index: usize) -> Option<CachedBuffer> {
         return None;
     }
     let tag = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*desc).tag)) };
+    let again = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*desc).tag)) };
     // Keep the tag loads before the second state load.
     fence(Ordering::Acquire);
     let after = state.load(Ordering::Relaxed);
-    if after & TAG_FLAGS != before & TAG_FLAGS {
+    if after & TAG_FLAGS != before & TAG_FLAGS || !same_tag(&tag, &again) {
         return read_header_locked(desc);
     }
     Some(cached_buffer(&tag, after))
+}
+
+fn same_tag(a: &pg_sys::BufferTag, b: &pg_sys::BufferTag) -> bool {
+    compat::tag_address(a) == compat::tag_address(b)
 }
 
 #[cold]
@@ -86,27 +95,30 @@ fn read_header_locked(desc: *mut pg_sys::BufferDesc) -> Option<CachedBuffer> {
 
 /// Raises the usage count of a pinned buffer to at least `target` (capped at
 /// BM_MAX_USAGE_COUNT), so that a prewarmed page survives the clock sweep as long as
-/// the primary's copy would. Same compare-and-swap protocol as PinBuffer().
+/// the primary's copy would. Same compare-and-swap protocol as PinBuffer(); a header
+/// that is locked meanwhile is updated under LockBufHdr(), whose spin-delay backoff and
+/// stuck-spinlock detection are PostgreSQL's own, instead of spinning here.
 pub fn raise_usage_count(buffer: pg_sys::Buffer, target: u8) {
     let target = u32::from(target).min(pg_sys::BM_MAX_USAGE_COUNT);
     debug_assert!(buffer > 0, "local or invalid buffer");
     let desc = unsafe { compat::buffer_descriptor(buffer as usize - 1) };
     let state = state_word(desc);
     let mut current = state.load(Ordering::Relaxed);
-    loop {
-        if current & pg_sys::BM_LOCKED != 0 {
-            std::hint::spin_loop();
-            current = state.load(Ordering::Relaxed);
-            continue;
-        }
+    while current & pg_sys::BM_LOCKED == 0 {
         if u32::from(usage_count(current)) >= target {
             return;
         }
-        let wanted = (current & !pg_sys::BUF_USAGECOUNT_MASK)
-            | (target << pg_sys::BUF_USAGECOUNT_SHIFT);
-        match state.compare_exchange_weak(current, wanted, Ordering::AcqRel, Ordering::Relaxed) {
+        match state.compare_exchange_weak(current, with_usage(current, target), Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => return,
             Err(actual) => current = actual,
         }
     }
+    let locked = unsafe { pg_sys::LockBufHdr(desc) };
+    let raised = if u32::from(usage_count(locked)) >= target { locked } else { with_usage(locked, target) };
+    // UnlockBufHdr(): only the lock holder may write the state word.
+    state.store(raised & !pg_sys::BM_LOCKED, Ordering::Release);
+}
+
+fn with_usage(state: u32, usage: u32) -> u32 {
+    (state & !pg_sys::BUF_USAGECOUNT_MASK) | (usage << pg_sys::BUF_USAGECOUNT_SHIFT)
 }

@@ -37,70 +37,74 @@ pub fn tag_address(tag: &pg_sys::BufferTag) -> BlockAddress {
     }
 }
 
-fn rel_file_node(rel: RelFork) -> pg_sys::RelFileNode {
-    pg_sys::RelFileNode {
-        spcNode: pg_sys::Oid::from_u32(rel.spc),
-        dbNode: pg_sys::Oid::from_u32(rel.db),
-        relNode: pg_sys::Oid::from_u32(rel.rel),
-    }
+unsafe extern "C-unwind" {
+    /// utils/relfilenodemap.h, which pgrx does not bind (`RelidByRelfilenumber` from 16 on).
+    /// May raise an ERROR: call it through `pg_guard_ffi_boundary`.
+    fn RelidByRelfilenode(reltablespace: pg_sys::Oid, relfilenode: pg_sys::Oid) -> pg_sys::Oid;
 }
 
-/// Opens (or finds in the smgr cache) the storage manager relation of a relation fork.
+/// The OID of the relation whose storage is `rel`, looked up as autoprewarm does: in the
+/// current database's pg_class, or in the relation mapper for mapped and shared catalogs.
+/// `None` when no relation of this database has that storage (dropped, rewritten, not yet
+/// visible, or of another database). The answer is a hint until the relation is locked:
+/// callers lock it and then check `relation_has_storage`.
+pub fn relation_oid(rel: RelFork) -> Option<pg_sys::Oid> {
+    let (spc, relfilenode) = (pg_sys::Oid::from_u32(rel.spc), pg_sys::Oid::from_u32(rel.rel));
+    // SAFETY: an ERROR inside is turned into a Rust panic that pgrx re-raises as that ERROR.
+    let oid = unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| RelidByRelfilenode(spc, relfilenode)) };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}
+
+/// Is `relation`'s storage (as its relcache entry says now) the one `rel` names?
 ///
-/// The pointer is only good until the next invalidation is processed, so callers open
-/// again instead of keeping it.
-pub fn smgr_open(rel: RelFork) -> pg_sys::SMgrRelation {
-    unsafe { pg_sys::smgropen(rel_file_node(rel), pg_sys::InvalidBackendId) }
+/// # Safety
+/// `relation` must be an open relation.
+pub unsafe fn relation_has_storage(relation: pg_sys::Relation, rel: RelFork) -> bool {
+    let node = unsafe { (*relation).rd_node };
+    node.spcNode.to_u32() == rel.spc && node.dbNode.to_u32() == rel.db && node.relNode.to_u32() == rel.rel
 }
 
-/// Does the fork's first segment exist on disk?
-pub fn fork_exists(rel: RelFork, fork: u8) -> bool {
-    unsafe { pg_sys::smgrexists(smgr_open(rel), fork as pg_sys::ForkNumber::Type) }
-}
-
-/// Number of blocks in the fork. Raises an ERROR if the file vanished meanwhile.
-pub fn fork_nblocks(rel: RelFork) -> u32 {
-    unsafe { pg_sys::smgrnblocks(smgr_open(rel), rel.fork as pg_sys::ForkNumber::Type) }
-}
-
-/// Asks the kernel to start reading a block (posix_fadvise WILLNEED) unless it is
-/// already in shared_buffers. Never raises an ERROR for a missing segment.
-pub fn prefetch(address: &BlockAddress) {
-    let rel = address.rel_fork();
-    unsafe {
-        pg_sys::PrefetchSharedBuffer(
-            smgr_open(rel),
-            rel.fork as pg_sys::ForkNumber::Type,
-            address.block,
-        );
-    }
-}
-
-/// Reads a block into shared_buffers (or finds it there) and returns it pinned.
+/// Does the relation's fork exist on disk?
 ///
-/// Works for any database from a backend connected to one, and on a hot standby.
-/// Raises an ERROR when the file is gone or the block cannot be read.
-pub fn read_buffer(address: &BlockAddress) -> pg_sys::Buffer {
+/// # Safety
+/// `relation` must be open and locked.
+pub unsafe fn fork_exists(relation: pg_sys::Relation, fork: u8) -> bool {
+    let smgr = unsafe { pg_sys::smgropen((*relation).rd_node, pg_sys::InvalidBackendId) };
+    unsafe { pg_sys::smgrexists(smgr, fork as pg_sys::ForkNumber::Type) }
+}
+
+/// Number of blocks in the relation's fork (which must exist).
+///
+/// # Safety
+/// `relation` must be open and locked.
+pub unsafe fn fork_nblocks(relation: pg_sys::Relation, fork: u8) -> u32 {
+    unsafe { pg_sys::RelationGetNumberOfBlocksInFork(relation, fork as pg_sys::ForkNumber::Type) }
+}
+
+/// Asks the kernel to start reading a block (posix_fadvise WILLNEED) unless it is already
+/// in shared_buffers, as pg_prewarm's 'prefetch' mode does.
+///
+/// # Safety
+/// `relation` must be open and locked, and `block` below the fork's size.
+pub unsafe fn prefetch(relation: pg_sys::Relation, fork: u8, block: u32) {
+    unsafe { pg_sys::PrefetchBuffer(relation, fork as pg_sys::ForkNumber::Type, block) };
+}
+
+/// Reads a block into shared_buffers (or finds it there) and returns it pinned, as
+/// pg_prewarm's 'buffer' mode does. Raises an ERROR if the block cannot be read.
+///
+/// # Safety
+/// `relation` must be open and locked, and `block` below the fork's size.
+pub unsafe fn read_buffer(relation: pg_sys::Relation, fork: u8, block: u32) -> pg_sys::Buffer {
     unsafe {
-        pg_sys::ReadBufferWithoutRelcache(
-            rel_file_node(address.rel_fork()),
-            address.fork as pg_sys::ForkNumber::Type,
-            address.block,
+        pg_sys::ReadBufferExtended(
+            relation,
+            fork as pg_sys::ForkNumber::Type,
+            block,
             pg_sys::ReadBufferMode::RBM_NORMAL,
             std::ptr::null_mut(),
-            true,
         )
     }
-}
-
-/// Discards every shared buffer of the fork from `first_block` on, without writing.
-///
-/// Used only for blocks that no longer exist on disk (relation dropped or truncated
-/// while we were reading it), which is exactly what recovery does for them.
-pub fn drop_buffers_from(rel: RelFork, first_block: u32) {
-    let mut fork = rel.fork as pg_sys::ForkNumber::Type;
-    let mut first = first_block;
-    unsafe { pg_sys::DropRelFileNodeBuffers(smgr_open(rel), &mut fork, 1, &mut first) };
 }
 
 /// Path of the fork's first segment file, relative to the data directory (the working

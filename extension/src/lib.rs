@@ -16,6 +16,7 @@ mod filter;
 mod gucs;
 mod hot_blocks;
 mod prewarm;
+mod prewarm_worker;
 mod readahead;
 mod shmem;
 mod status;

@@ -1,26 +1,43 @@
 //! The standby's side of the loop: read the listed blocks into shared_buffers.
 //!
-//! Blocks are read hottest first, so that when shared_buffers cannot hold the whole
-//! list the clock sweep evicts the colder ones, and each loaded buffer gets a usage
-//! count at least the primary's (capped at BM_MAX_USAGE_COUNT), so that after promotion
-//! the sweep evicts cold pages before these. Readahead threads (readahead.rs) advise the
-//! kernel of upcoming blocks ahead of the reads, which turns a scattered list into
-//! parallel I/O.
+//! Blocks are read hottest first, so that when shared_buffers cannot hold the whole list
+//! the clock sweep evicts the colder ones, and each loaded buffer gets a usage count at
+//! least the primary's (capped at BM_MAX_USAGE_COUNT), so that after promotion the sweep
+//! evicts cold pages before these. Readahead threads (readahead.rs) advise the kernel of
+//! upcoming blocks ahead of the reads, which turns a scattered list into parallel I/O.
 //!
-//! No lock is taken: replay must never wait for us. Replay may therefore drop or
-//! truncate a relation while we read it. Blocks of relations that are gone, past the end
-//! of their file, unlogged (a standby has only their init fork) or in an unknown
-//! database are skipped and counted, never an error. Reads run in subtransactions of a
-//! bounded size so that a file vanishing under a read costs that one block, and at the
-//! end every fork we loaded into is checked again: buffers of blocks that no longer
-//! exist are dropped, so no stale page outlives its relation.
+//! How it respects replay: exactly as pg_prewarm and autoprewarm do. Each block is read
+//! through its relation (ReadBufferExtended) while this backend holds AccessShareLock on
+//! that relation. Replay changes a relation's files only under the AccessExclusiveLock
+//! the primary logged for truncation, DROP, TRUNCATE and rewrites (VACUUM FULL, CLUSTER,
+//! SET TABLESPACE), so a reader holding the weaker lock and replay's change never overlap:
+//! the fork's size read under the lock stays true until it is released, and no read can
+//! land between replay's buffer drop and its ftruncate. The lock is taken conditionally:
+//! if replay holds or awaits it, the relation is skipped for this call, never waited for.
+//! Replay waits for us at most one run of reads (`READS_PER_LOCK` blocks or `LOCK_HOLD`,
+//! whichever ends first), and the lock is released between runs; past
+//! max_standby_streaming_delay it cancels the statement, an ordinary recovery conflict.
+//! Nothing here discards a buffer: a loaded page is an ordinary clean page, as after a
+//! SELECT.
+//!
+//! Relation OIDs only mean something inside one database, so the calling backend reads the
+//! blocks of the database it is connected to and of the shared catalogs, and hands the
+//! blocks of each other database to a short-lived background worker connected to that
+//! database (prewarm_worker.rs), as autoprewarm starts one worker per database. Blocks of
+//! relations that are gone or rewritten, past the end of their file, unlogged (a standby
+//! has only their init fork), locked by replay, or in a database that does not exist or
+//! takes no connections are skipped and counted, never an error.
+//! A block that cannot be read (I/O error, checksum failure) raises the ERROR
+//! ReadBufferExtended raises, as pg_prewarm does.
+//!
+//! No subtransactions: PostgreSQL turns a recovery conflict inside a subtransaction into
+//! FATAL (postgres.c, RecoveryConflictInterrupt), so the whole call runs in the caller's
+//! transaction, and a conflict cancels the statement.
 
-use std::cell::Cell;
 use std::cmp::Reverse;
-use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
 
 use ccm_codec::{BlockList, RelFork};
-use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
@@ -29,54 +46,82 @@ use crate::compat;
 use crate::errors;
 use crate::failpoints;
 use crate::gucs;
+use crate::prewarm_worker;
 use crate::readahead::{Progress, ReadaheadPlan};
 
-/// How far posix_fadvise runs ahead of the reads, in blocks (readahead threads off).
-const PREFETCH_DISTANCE: usize = 128;
-/// Reads per subtransaction: small enough that a failure costs little, large enough
-/// that starting subtransactions costs nothing measurable.
-const READS_PER_SUBTRANSACTION: usize = 1024;
+/// Most reads under one lock: replay waits at most this long for a truncation or DROP.
+const READS_PER_LOCK: usize = 256;
+/// Longest a run holds its lock before letting replay in (checked between reads).
+const LOCK_HOLD: Duration = Duration::from_millis(10);
 
-const MAIN_FORK: u8 = pg_sys::ForkNumber::MAIN_FORKNUM as u8;
 const INIT_FORK: u8 = pg_sys::ForkNumber::INIT_FORKNUM as u8;
+const ACCESS_SHARE: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+const NO_LOCK: pg_sys::LOCKMODE = pg_sys::NoLock as pg_sys::LOCKMODE;
 
-/// What happened to the requested blocks; every block is counted exactly once.
+/// What happened to the requested blocks; every block is counted exactly once. Plain
+/// integers only: a worker hands it back through shared memory.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-struct Outcome {
-    loaded: u64,
-    already_cached: u64,
-    skipped_relation_gone: u64,
-    skipped_past_end: u64,
-    skipped_unlogged: u64,
-    skipped_unknown_database: u64,
-    stale_buffers_dropped: u64,
+pub(crate) struct Outcome {
+    pub loaded: u64,
+    pub already_cached: u64,
+    pub skipped_relation_gone: u64,
+    pub skipped_past_end: u64,
+    pub skipped_unlogged: u64,
+    pub skipped_locked: u64,
+    /// In a database that takes no connections (template0), or no worker could start.
+    pub skipped_other_database: u64,
+    pub skipped_unknown_database: u64,
 }
 
 impl Outcome {
+    pub fn add(&mut self, other: &Outcome) {
+        self.loaded += other.loaded;
+        self.already_cached += other.already_cached;
+        self.skipped_relation_gone += other.skipped_relation_gone;
+        self.skipped_past_end += other.skipped_past_end;
+        self.skipped_unlogged += other.skipped_unlogged;
+        self.skipped_locked += other.skipped_locked;
+        self.skipped_other_database += other.skipped_other_database;
+        self.skipped_unknown_database += other.skipped_unknown_database;
+    }
+
     fn skipped(&self) -> u64 {
         self.skipped_relation_gone
             + self.skipped_past_end
             + self.skipped_unlogged
+            + self.skipped_locked
+            + self.skipped_other_database
             + self.skipped_unknown_database
+    }
+
+    pub fn skip(&mut self, reason: ForkSkip, blocks: u64) {
+        let counter = match reason {
+            ForkSkip::RelationGone => &mut self.skipped_relation_gone,
+            ForkSkip::Unlogged => &mut self.skipped_unlogged,
+            ForkSkip::LockedByReplay => &mut self.skipped_locked,
+            ForkSkip::OtherDatabase => &mut self.skipped_other_database,
+        };
+        *counter += blocks;
     }
 }
 
-/// Why a whole fork is skipped.
+/// Why a whole fork is skipped (for the rest of this call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ForkSkip {
+pub(crate) enum ForkSkip {
     RelationGone,
     Unlogged,
-    UnknownDatabase,
+    LockedByReplay,
+    /// Read by another process (the caller or a worker), or not at all.
+    OtherDatabase,
 }
 
 /// A fork of the list, as found on this node.
 struct ForkState {
     rel: RelFork,
-    /// Blocks on disk when we looked; `None` when the whole fork is skipped.
-    nblocks: Option<u32>,
+    /// The relation's OID, once looked up.
+    relid: Option<pg_sys::Oid>,
     skip: Option<ForkSkip>,
-    /// Highest block this call read from disk, for the final stale-buffer check.
-    highest_loaded: Option<u32>,
 }
 
 /// One block to read.
@@ -87,105 +132,30 @@ struct Read {
     usage: u8,
 }
 
-fn is_storage_error(error: &CaughtError) -> bool {
-    let code = match error {
-        CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) => {
-            report.sql_error_code()
-        }
-        CaughtError::RustPanic { .. } => return false,
-    };
-    matches!(
-        code,
-        PgSqlErrorCode::ERRCODE_UNDEFINED_FILE
-            | PgSqlErrorCode::ERRCODE_DATA_CORRUPTED
-            | PgSqlErrorCode::ERRCODE_IO_ERROR
-    )
-}
-
-/// Runs `work` in an internal subtransaction. A storage error (file gone, short read,
-/// corrupt page) rolls it back, which releases any pin it held, and yields `None`;
-/// every other error, a query cancel included, is raised again.
-fn in_subtransaction<T>(work: impl FnOnce() -> T) -> Option<T> {
-    let context = unsafe { pg_sys::CurrentMemoryContext };
-    let owner = unsafe { pg_sys::CurrentResourceOwner };
-    unsafe {
-        pg_sys::BeginInternalSubTransaction(std::ptr::null());
-        pg_sys::MemoryContextSwitchTo(context);
-    }
-    let restore = move || unsafe {
-        pg_sys::MemoryContextSwitchTo(context);
-        pg_sys::CurrentResourceOwner = owner;
-    };
-    PgTryBuilder::new(AssertUnwindSafe(|| {
-        let value = work();
-        unsafe { pg_sys::ReleaseCurrentSubTransaction() };
-        restore();
-        Some(value)
-    }))
-    .catch_others(|error| {
-        unsafe { pg_sys::RollbackAndReleaseCurrentSubTransaction() };
-        restore();
-        if is_storage_error(&error) {
-            None
-        } else {
-            error.rethrow()
-        }
-    })
-    .execute()
-}
-
-fn database_exists(db: u32) -> bool {
-    // Database 0 holds the shared catalogs.
-    db == 0
-        || unsafe {
-            pg_sys::SearchSysCacheExists(
-                pg_sys::SysCacheIdentifier::DATABASEOID as i32,
-                pg_sys::Datum::from(db),
-                pg_sys::Datum::from(0),
-                pg_sys::Datum::from(0),
-                pg_sys::Datum::from(0),
-            )
-        }
-}
-
-/// Looks a fork up on disk once, before any read.
-fn probe_fork(rel: RelFork) -> ForkState {
-    let skipped = |skip| ForkState { rel, nblocks: None, skip: Some(skip), highest_loaded: None };
-    if !database_exists(rel.db) {
-        return skipped(ForkSkip::UnknownDatabase);
-    }
-    let nblocks = in_subtransaction(|| {
-        compat::fork_exists(rel, rel.fork).then(|| compat::fork_nblocks(rel))
-    })
-    .flatten();
-    match nblocks {
-        Some(nblocks) => ForkState { rel, nblocks: Some(nblocks), skip: None, highest_loaded: None },
-        None if rel.fork == MAIN_FORK && compat::fork_exists(rel, INIT_FORK) => {
-            skipped(ForkSkip::Unlogged)
-        }
-        None => skipped(ForkSkip::RelationGone),
+/// Raises the ERROR for a node that is not (or no longer) a standby.
+pub(crate) fn require_recovery() {
+    if !unsafe { pg_sys::RecoveryInProgress() } {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "recovery is not in progress".into(),
+            Some("ccm_prewarm() loads blocks only on a standby.".into()),
+            Some("Run it on a hot standby; if this node was just promoted, warm the new standby instead."),
+        );
     }
 }
 
-/// Counts the blocks that cannot be read and returns the rest, hottest first.
-fn plan_reads(list: &BlockList, forks: &[ForkState], outcome: &mut Outcome) -> Vec<Read> {
-    let mut reads = Vec::with_capacity(list.len());
+/// The reads of the forks this process reads, hottest first.
+fn plan_reads(list: &BlockList, forks: &[ForkState]) -> Vec<Read> {
+    let mut reads: Vec<Read> = Vec::new();
+    if reads.try_reserve_exact(list.len()).is_err() {
+        errors::out_of_memory("the reads of a block list", (list.len() * std::mem::size_of::<Read>()) as u64);
+    }
     for (index, (group, fork)) in list.groups.iter().zip(forks).enumerate() {
-        let skipped = group.blocks.len() as u64;
-        match (fork.skip, fork.nblocks) {
-            (Some(ForkSkip::RelationGone), _) => outcome.skipped_relation_gone += skipped,
-            (Some(ForkSkip::Unlogged), _) => outcome.skipped_unlogged += skipped,
-            (Some(ForkSkip::UnknownDatabase), _) => outcome.skipped_unknown_database += skipped,
-            (None, nblocks) => {
-                let nblocks = nblocks.unwrap_or(0);
-                for (&block, &usage) in group.blocks.iter().zip(&group.usage) {
-                    if block < nblocks {
-                        reads.push(Read { fork: index as u32, block, usage });
-                    } else {
-                        outcome.skipped_past_end += 1;
-                    }
-                }
-            }
+        if fork.skip.is_some() {
+            continue;
+        }
+        for (&block, &usage) in group.blocks.iter().zip(&group.usage) {
+            reads.push(Read { fork: index as u32, block, usage });
         }
     }
     // Stable: within one usage count, reads stay in file order.
@@ -193,74 +163,136 @@ fn plan_reads(list: &BlockList, forks: &[ForkState], outcome: &mut Outcome) -> V
     reads
 }
 
-/// posix_fadvise(WILLNEED) prefetching from the backend, used when the readahead
-/// threads are off. Only the first block of a run is advised: the kernel reads ahead of
-/// sequential reads by itself, and advising each block would split them into 8 kB I/Os.
-struct Prefetcher {
-    enabled: bool,
-    next: usize,
+/// A relation this backend holds AccessShareLock on, with the fork's size read under it.
+struct LockedFork {
+    relid: pg_sys::Oid,
+    relation: pg_sys::Relation,
+    nblocks: u32,
 }
 
-impl Prefetcher {
-    fn advise_up_to(&mut self, horizon: usize, reads: &[Read], forks: &[ForkState]) {
-        if !self.enabled {
-            return;
-        }
-        while self.next < horizon.min(reads.len()) {
-            let read = reads[self.next];
-            let follows = self.next > 0 && {
-                let previous = reads[self.next - 1];
-                previous.fork == read.fork && previous.block.checked_add(1) == Some(read.block)
-            };
-            self.next += 1;
-            let fork = &forks[read.fork as usize];
-            if !follows && fork.skip.is_none() {
-                compat::prefetch(&fork.rel.block(read.block));
+impl LockedFork {
+    /// Locks the fork's relation without waiting, as long as it still has the storage the
+    /// list names; otherwise records why the fork is skipped and returns `None`.
+    fn acquire(fork: &mut ForkState) -> Option<LockedFork> {
+        let relid = match fork.relid.or_else(|| compat::relation_oid(fork.rel)) {
+            Some(relid) => relid,
+            None => {
+                fork.skip = Some(ForkSkip::RelationGone);
+                return None;
             }
+        };
+        fork.relid = Some(relid);
+        if !unsafe { pg_sys::ConditionalLockRelationOid(relid, ACCESS_SHARE) } {
+            fork.skip = Some(ForkSkip::LockedByReplay);
+            return None;
+        }
+        // Taking the lock accepted the invalidations replay sent before releasing its own
+        // lock, so the catalog and relcache now show any DROP, TRUNCATE or rewrite.
+        let relation = unsafe { pg_sys::try_relation_open(relid, NO_LOCK) };
+        let skip = if relation.is_null() || !unsafe { compat::relation_has_storage(relation, fork.rel) } {
+            Some(ForkSkip::RelationGone)
+        } else {
+            match unsafe { (*(*relation).rd_rel).relpersistence } as u8 {
+                pg_sys::RELPERSISTENCE_PERMANENT => None,
+                pg_sys::RELPERSISTENCE_UNLOGGED if fork.rel.fork == INIT_FORK => None,
+                pg_sys::RELPERSISTENCE_UNLOGGED => Some(ForkSkip::Unlogged),
+                _ => Some(ForkSkip::RelationGone),
+            }
+        };
+        if let Some(skip) = skip {
+            if !relation.is_null() {
+                unsafe { pg_sys::relation_close(relation, NO_LOCK) };
+            }
+            unsafe { pg_sys::UnlockRelationOid(relid, ACCESS_SHARE) };
+            fork.skip = Some(skip);
+            return None;
+        }
+        let nblocks = unsafe {
+            if compat::fork_exists(relation, fork.rel.fork) {
+                compat::fork_nblocks(relation, fork.rel.fork)
+            } else {
+                0
+            }
+        };
+        Some(LockedFork { relid, relation, nblocks })
+    }
+
+    fn release(self) {
+        unsafe {
+            pg_sys::relation_close(self.relation, NO_LOCK);
+            pg_sys::UnlockRelationOid(self.relid, ACCESS_SHARE);
         }
     }
 }
 
-/// Reads `reads[start..end]`, stopping at the first storage error. `position` tells the
-/// caller how far it got.
-#[allow(clippy::too_many_arguments)]
-fn read_range(
+/// Where the run starting at `start` ends: the same fork, at most `READS_PER_LOCK` reads.
+fn run_end(reads: &[Read], start: usize) -> usize {
+    let fork = reads[start].fork;
+    let limit = (start + READS_PER_LOCK).min(reads.len());
+    (start..limit).find(|&index| reads[index].fork != fork).unwrap_or(limit)
+}
+
+/// Reads `reads` (one fork's, from read number `first` on) under one lock and returns how
+/// many it dealt with: all of them, or fewer once the lock has been held `LOCK_HOLD`.
+fn read_run(
     reads: &[Read],
-    forks: &mut [ForkState],
-    start: usize,
-    end: usize,
-    prefetcher: &mut Prefetcher,
+    first: usize,
+    fork: &mut ForkState,
+    advise: bool,
     progress: &Progress,
-    position: &Cell<usize>,
     outcome: &mut Outcome,
-) {
-    for index in start..end {
-        position.set(index);
-        progress.reading(index);
-        let read = reads[index];
-        if forks[read.fork as usize].skip.is_some() {
-            outcome.skipped_relation_gone += 1;
+) -> usize {
+    pg_sys::check_for_interrupts!();
+    // A promotion during the call ends it: on a primary these reads would race with
+    // application backends instead of replay.
+    require_recovery();
+    if let Some(skip) = fork.skip {
+        outcome.skip(skip, reads.len() as u64);
+        return reads.len();
+    }
+    let Some(locked) = LockedFork::acquire(fork) else {
+        outcome.skip(fork.skip.expect("acquire says why"), reads.len() as u64);
+        return reads.len();
+    };
+    let in_file = |read: &Read| read.block < locked.nblocks;
+    if advise {
+        // The readahead threads are off: advise the first block of each stretch of
+        // consecutive blocks (the kernel reads ahead of sequential reads by itself).
+        let mut previous: Option<u32> = None;
+        for read in reads.iter().filter(|read| in_file(read)) {
+            if previous.and_then(|block| block.checked_add(1)) != Some(read.block) {
+                unsafe { compat::prefetch(locked.relation, fork.rel.fork, read.block) };
+            }
+            previous = Some(read.block);
+        }
+    }
+    let started = Instant::now();
+    let mut done = 0;
+    for read in reads {
+        if done > 0 && started.elapsed() >= LOCK_HOLD {
+            break;
+        }
+        pg_sys::check_for_interrupts!();
+        progress.reading(first + done);
+        done += 1;
+        if !in_file(read) {
+            outcome.skipped_past_end += 1;
             continue;
         }
-        prefetcher.advise_up_to(index + PREFETCH_DISTANCE, reads, forks);
-        pg_sys::check_for_interrupts!();
-
-        let fork = &mut forks[read.fork as usize];
-        let address = fork.rel.block(read.block);
         let hits_before = unsafe { pg_sys::pgBufferUsage.shared_blks_hit };
-        let buffer = compat::read_buffer(&address);
+        let buffer = unsafe { compat::read_buffer(locked.relation, fork.rel.fork, read.block) };
         let was_cached = unsafe { pg_sys::pgBufferUsage.shared_blks_hit } != hits_before;
         buffers::raise_usage_count(buffer, read.usage);
         unsafe { pg_sys::ReleaseBuffer(buffer) };
-
         if was_cached {
             outcome.already_cached += 1;
         } else {
             outcome.loaded += 1;
-            fork.highest_loaded = Some(fork.highest_loaded.map_or(read.block, |h| h.max(read.block)));
         }
     }
-    position.set(end);
+    failpoints::prewarm_delay();
+    locked.release();
+    done
 }
 
 /// The file ranges the readahead threads should read, in the order of `reads`.
@@ -275,57 +307,43 @@ fn readahead_plan(reads: &[Read], forks: &[ForkState]) -> ReadaheadPlan {
     plan
 }
 
-/// Reads every planned block; a storage error skips that block and the rest of its fork.
+/// Reads every planned block, one locked run at a time.
 fn read_all(reads: &[Read], forks: &mut [ForkState], outcome: &mut Outcome) {
     let threads = usize::try_from(gucs::PREWARM_READAHEAD_THREADS.get()).unwrap_or(0);
     let plan = if threads > 0 { readahead_plan(reads, forks) } else { ReadaheadPlan::default() };
     plan.run(threads, |progress| {
-        let mut prefetcher = Prefetcher { enabled: threads == 0, next: 0 };
         let mut next = 0;
         while next < reads.len() {
-            let end = (next + READS_PER_SUBTRANSACTION).min(reads.len());
-            let position = Cell::new(next);
-            let finished = in_subtransaction(|| {
-                read_range(reads, forks, next, end, &mut prefetcher, progress, &position, outcome)
-            });
-            if finished.is_some() {
-                next = end;
-            } else {
-                // The file vanished (or the page is unreadable) under this read.
-                let failed = position.get();
-                forks[reads[failed].fork as usize].skip = Some(ForkSkip::RelationGone);
-                outcome.skipped_relation_gone += 1;
-                next = failed + 1;
-            }
+            let end = run_end(reads, next);
+            let fork = &mut forks[reads[next].fork as usize];
+            next += read_run(&reads[next..end], next, fork, threads == 0, progress, outcome);
         }
     });
 }
 
-/// Drops buffers we loaded for blocks that replay removed while we were reading them
-/// (relation dropped, or truncated by VACUUM), which replay's own buffer drop may have
-/// run before our read.
-fn drop_stale_buffers(forks: &[ForkState], outcome: &mut Outcome) {
-    if forks.iter().all(|fork| fork.highest_loaded.is_none()) {
-        return;
-    }
-    failpoints::prewarm_delay();
-    unsafe { pg_sys::AcceptInvalidationMessages() };
-    for fork in forks {
-        let Some(highest) = fork.highest_loaded else { continue };
-        let nblocks_now = in_subtransaction(|| {
-            if compat::fork_exists(fork.rel, fork.rel.fork) {
-                compat::fork_nblocks(fork.rel)
-            } else {
-                0
-            }
-        })
-        .unwrap_or(0);
-        if highest >= nblocks_now {
-            failpoints::prewarm_delay();
-            compat::drop_buffers_from(fork.rel, nblocks_now);
-            outcome.stale_buffers_dropped += u64::from(highest - nblocks_now) + 1;
-        }
-    }
+/// Decodes a list of at most `limit` blocks (this node's shared_buffers) or raises the ERROR.
+pub(crate) fn decode(list: &[u8], limit: u64) -> BlockList {
+    BlockList::decode_bounded(list, limit).unwrap_or_else(|error| {
+        errors::block_list_refused(
+            &error,
+            &format!("ccm_prewarm() accepts lists of up to {limit} blocks, the buffers of shared_buffers."),
+        )
+    })
+}
+
+/// Reads, in this process, the blocks of the list's forks whose database `here` accepts
+/// (the caller's database and the shared catalogs, or a worker's database); the other
+/// forks are left alone and not counted.
+pub(crate) fn read_blocks(list: &BlockList, here: impl Fn(u32) -> bool) -> Outcome {
+    let mut forks: Vec<ForkState> = list
+        .groups
+        .iter()
+        .map(|group| ForkState { rel: group.rel, relid: None, skip: (!here(group.rel.db)).then_some(ForkSkip::OtherDatabase) })
+        .collect();
+    let reads = plan_reads(list, &forks);
+    let mut outcome = Outcome::default();
+    read_all(&reads, &mut forks, &mut outcome);
+    outcome
 }
 
 /// Reads the blocks of a list made by ccm_hot_blocks() into shared_buffers.
@@ -342,28 +360,32 @@ fn ccm_prewarm(
     ),
 > {
     errors::require_enabled();
-    let list = BlockList::decode(list).unwrap_or_else(|error| errors::invalid_input("block list", &error));
+    require_recovery();
+    // No list can name more blocks than this node has buffers.
+    let limit = buffers::buffer_count() as u64;
+    let decoded = decode(list, limit);
 
-    let mut outcome = Outcome::default();
-    let mut forks: Vec<ForkState> = list.groups.iter().map(|group| probe_fork(group.rel)).collect();
-    let reads = plan_reads(&list, &forks, &mut outcome);
-    read_all(&reads, &mut forks, &mut outcome);
-    drop_stale_buffers(&forks, &mut outcome);
+    let here = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let mut outcome = read_blocks(&decoded, |db| db == here || db == 0);
+    for (db, blocks) in prewarm_worker::other_databases(&decoded, here) {
+        outcome.add(&prewarm_worker::prewarm_database(db, blocks, list));
+    }
 
     debug1!(
-        "pg_ccm prewarm: {} requested, {} loaded, {} already cached, skipped {} (relation gone {}, past end of file {}, unlogged {}, unknown database {}), {} stale buffers dropped",
-        list.len(),
+        "pg_ccm prewarm: {} requested, {} loaded, {} already cached, skipped {} (relation gone {}, past end of file {}, unlogged {}, locked by replay {}, database not reachable {}, unknown database {})",
+        decoded.len(),
         outcome.loaded,
         outcome.already_cached,
         outcome.skipped(),
         outcome.skipped_relation_gone,
         outcome.skipped_past_end,
         outcome.skipped_unlogged,
+        outcome.skipped_locked,
+        outcome.skipped_other_database,
         outcome.skipped_unknown_database,
-        outcome.stale_buffers_dropped,
     );
     TableIterator::once((
-        list.len() as i64,
+        decoded.len() as i64,
         outcome.loaded as i64,
         outcome.already_cached as i64,
         outcome.skipped() as i64,

@@ -1,7 +1,9 @@
 //! SQL-level tests, run inside a real server by `cargo pgrx test`.
 //!
-//! Cross-node behaviour (a cold standby getting warm, replay dropping relations under
-//! a prewarm, failover) is covered by the integration tests in tests/.
+//! The test server is a primary, so ccm_prewarm() is only checked to refuse here. Its
+//! standby behaviour and the cross-node behaviour (a cold standby getting warm, replay
+//! truncating and dropping relations under a prewarm, failover) are covered by the
+//! integration tests in tests/.
 
 use pgrx::prelude::*;
 
@@ -205,57 +207,13 @@ mod tests {
         assert_eq!(unpacked, shown);
     }
 
-    #[pg_test]
-    fn prewarm_counts_cached_and_skipped_blocks() {
-        let (rel, blocks) = cached_table("prewarm_t");
-        let (requested, loaded, cached, skipped) = prewarm(list_of(rel, 0..blocks, 5));
-        assert_eq!((requested, loaded, cached, skipped), (i64::from(blocks), 0, i64::from(blocks), 0));
+    // ccm_prewarm's behaviour on a standby (counts, usage counts, skips, bad lists, replay's
+    // locks) is tested on a real standby: tests/integration/test_prewarm_sql.py.
 
-        // Past the end of the file.
-        let (requested, _, cached, skipped) = prewarm(list_of(rel, [0, blocks, blocks + 10], 4));
-        assert_eq!((requested, cached, skipped), (3, 1, 2));
-
-        // A relation that does not exist, and a database that does not exist.
-        let gone = RelFork { rel: 999_999_999, ..rel };
-        let nowhere = RelFork { db: 999_999_999, ..rel };
-        let mut hot = vec![
-            HotBlock { addr: gone.block(0), usage: 5 },
-            HotBlock { addr: nowhere.block(0), usage: 5 },
-            HotBlock { addr: rel.block(1), usage: 5 },
-        ];
-        let (requested, loaded, cached, skipped) = prewarm(encode_block_list(&mut hot, 0, 0).unwrap());
-        assert_eq!((requested, loaded, cached, skipped), (3, 0, 1, 2));
-    }
-
-    #[pg_test]
-    fn prewarm_raises_usage_counts_to_the_primarys() {
-        let (rel, blocks) = cached_table("usage_t");
+    #[pg_test(error = "recovery is not in progress")]
+    fn prewarm_refuses_to_run_on_a_primary() {
+        let (rel, blocks) = cached_table("primary_t");
         prewarm(list_of(rel, 0..blocks, 5));
-        Spi::run("CREATE EXTENSION IF NOT EXISTS pg_buffercache").unwrap();
-        let below = one_i64(&format!(
-            "SELECT count(*) FROM pg_buffercache WHERE relfilenode = {} AND usagecount < 5",
-            rel.rel
-        ));
-        assert_eq!(below, 0);
-    }
-
-    #[pg_test]
-    fn prewarm_of_an_empty_list_does_nothing() {
-        assert_eq!(prewarm(encode_block_list(&mut Vec::new(), 0, 0).unwrap()), (0, 0, 0, 0));
-    }
-
-    #[pg_test(error = "invalid pg_ccm block list")]
-    fn prewarm_rejects_a_truncated_list() {
-        let (rel, _) = cached_table("trunc_t");
-        let mut list = list_of(rel, 0..10, 5);
-        list.truncate(list.len() - 1);
-        prewarm(list);
-    }
-
-    #[pg_test(error = "invalid pg_ccm block list")]
-    fn prewarm_rejects_a_filter() {
-        let filter = bytes("SELECT ccm_buffer_filter()");
-        prewarm(filter);
     }
 
     #[pg_test(error = "invalid pg_ccm filter")]

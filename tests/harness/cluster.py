@@ -44,6 +44,12 @@ BASE_SETTINGS: dict[str, Any] = {
 }
 
 
+# Servers run without RUST_BACKTRACE, as in production: with it, every ERROR raised through
+# pgrx captures and symbolizes a backtrace, which slows error recovery by milliseconds (long
+# enough for replay to repeat a recovery-conflict signal into the idle session).
+SERVER_ENV = {key: value for key, value in os.environ.items() if key not in ("RUST_BACKTRACE", "RUST_LIB_BACKTRACE")}
+
+
 def _running_as_root() -> bool:
     return os.geteuid() == 0
 
@@ -56,6 +62,7 @@ def run_pg(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
     """Runs a PostgreSQL program as the unprivileged user; raises with its output on failure."""
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
+    kwargs.setdefault("env", SERVER_ENV)
     result = subprocess.run(_as_postgres(argv), **kwargs)
     if result.returncode != 0:
         raise RuntimeError(
@@ -143,7 +150,7 @@ class Node:
                 # Set by us (root) for the server.
                 argv = ["prlimit", f"--memlock={self.memlock}", "--", *argv]
             argv = [*self.wrapper, *argv]
-            result = subprocess.run(argv, capture_output=True, text=True)
+            result = subprocess.run(argv, capture_output=True, text=True, env=SERVER_ENV)
             if result.returncode != 0:
                 raise RuntimeError(f"{' '.join(argv)} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}")
         else:
