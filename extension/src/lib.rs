@@ -47,11 +47,31 @@ pub extern "C-unwind" fn _PG_init() {
 // functions to ccm_agent, the group role of the agent's (non-superuser) login role.
 extension_sql!(
     r#"
+-- The agent's group role. A role of that name that already exists (an earlier install, or
+-- another database of this cluster) is adopted only if it is a plain group role, and its
+-- members are named, since they get the transfer functions.
 DO $$
+DECLARE
+    existing pg_catalog.pg_roles;
+    members text;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'ccm_agent') THEN
+    SELECT * INTO existing FROM pg_catalog.pg_roles WHERE rolname = 'ccm_agent';
+    IF NOT FOUND THEN
         CREATE ROLE ccm_agent NOLOGIN;
+        RETURN;
     END IF;
+    IF existing.rolcanlogin OR existing.rolsuper OR existing.rolcreaterole OR existing.rolcreatedb
+       OR existing.rolreplication OR existing.rolbypassrls THEN
+        RAISE EXCEPTION 'role "ccm_agent" already exists and is not a plain group role'
+            USING ERRCODE = 'duplicate_object',
+                  DETAIL = 'pg_ccm grants its block transfer functions to the group role ccm_agent, which must be NOLOGIN and hold no other attribute.',
+                  HINT = 'Drop or rename that role, or remove its attributes, then create the extension again.';
+    END IF;
+    SELECT pg_catalog.string_agg(pg_catalog.quote_ident(m.rolname), ', ' ORDER BY m.rolname) INTO members
+    FROM pg_catalog.pg_auth_members a JOIN pg_catalog.pg_roles m ON m.oid = a.member
+    WHERE a.roleid = existing.oid;
+    RAISE WARNING 'using the existing role "ccm_agent" for pg_ccm''s agent'
+        USING DETAIL = pg_catalog.format('Its members (%s) can call ccm_buffer_filter(), ccm_hot_blocks() and ccm_prewarm().', COALESCE(members, 'none'));
 END
 $$;
 

@@ -124,8 +124,34 @@ def test_an_upgrade_from_0_1_0_equals_a_fresh_install():
         old = surface(primary, "upgraded")
         assert not any("wal_cache" in row[0] for row in old)
         primary.sql("ALTER EXTENSION pg_ccm UPDATE", dbname="upgraded")
-        assert primary.one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ccm'", dbname="upgraded") == "0.2.0"
+        assert primary.one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ccm'", dbname="upgraded") == "0.3.0"
         assert surface(primary, "upgraded") == surface(primary, "fresh")
         assert len(surface(primary, "fresh")) == len(old) + 4
+    finally:
+        cluster.destroy()
+
+
+def test_create_extension_adopts_only_a_plain_ccm_agent_role():
+    """A pre-existing role named ccm_agent would receive the transfer functions: one that can
+    log in (or holds any attribute) is refused; a plain group role is adopted, naming its members."""
+    cluster = Cluster()
+    try:
+        cluster.create(extensions=(), standby=False)
+        primary = cluster.primary
+        primary.sql("CREATE ROLE ccm_agent LOGIN")
+        with primary.connect() as conn:
+            with pytest.raises(psycopg.Error) as raised:
+                conn.execute("CREATE EXTENSION pg_ccm")
+        assert raised.value.sqlstate == "42710"
+        assert raised.value.diag.message_primary == 'role "ccm_agent" already exists and is not a plain group role'
+        assert primary.one("SELECT count(*) FROM pg_extension WHERE extname = 'pg_ccm'") == 0
+
+        primary.sql("ALTER ROLE ccm_agent NOLOGIN")
+        primary.sql("CREATE ROLE squatter LOGIN IN ROLE ccm_agent")
+        notices: list[str] = []
+        with primary.connect() as conn:
+            conn.add_notice_handler(lambda notice: notices.append(f"{notice.message_primary} {notice.message_detail}"))
+            conn.execute("CREATE EXTENSION pg_ccm")
+        assert any('existing role "ccm_agent"' in n and "squatter" in n for n in notices), notices
     finally:
         cluster.destroy()
