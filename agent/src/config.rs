@@ -185,10 +185,12 @@ impl Config {
         let false_positive_rate = raw
             .false_positive_rate
             .unwrap_or(DEFAULT_FALSE_POSITIVE_RATE);
-        if !(false_positive_rate > 0.0 && false_positive_rate < 1.0) {
+        // The extension refuses rates below this (a filter would grow without bound).
+        let min_rate = ccm_codec::FILTER_MIN_FALSE_POSITIVE_RATE;
+        if !(min_rate..1.0).contains(&false_positive_rate) {
             return Err(invalid(
                 "false_positive_rate",
-                format!("{false_positive_rate} is not strictly between 0 and 1"),
+                format!("{false_positive_rate} is not at least {min_rate} and less than 1"),
             ));
         }
 
@@ -489,6 +491,13 @@ mod tests {
             (
                 RawConfig {
                     false_positive_rate: Some(1.0),
+                    ..base()
+                },
+                "false_positive_rate",
+            ),
+            (
+                RawConfig {
+                    false_positive_rate: Some(1e-7),
                     ..base()
                 },
                 "false_positive_rate",
