@@ -91,20 +91,22 @@ pub unsafe fn prefetch(relation: pg_sys::Relation, fork: u8, block: u32) {
 }
 
 /// Reads a block into shared_buffers (or finds it there) and returns it pinned, as
-/// pg_prewarm's 'buffer' mode does. Raises an ERROR if the block cannot be read.
+/// pg_prewarm's 'buffer' mode does. Raises an ERROR if a main or init fork block cannot be
+/// read. Free-space-map and visibility-map pages are read as PostgreSQL itself reads them
+/// (fsm_readbuf, vm_readbuf): they are not protected by full-page writes, so a torn page is
+/// zeroed (with a WARNING) instead of failing the read.
 ///
 /// # Safety
 /// `relation` must be open and locked, and `block` below the fork's size.
 pub unsafe fn read_buffer(relation: pg_sys::Relation, fork: u8, block: u32) -> pg_sys::Buffer {
-    unsafe {
-        pg_sys::ReadBufferExtended(
-            relation,
-            fork as pg_sys::ForkNumber::Type,
-            block,
-            pg_sys::ReadBufferMode::RBM_NORMAL,
-            std::ptr::null_mut(),
-        )
-    }
+    let fork = fork as pg_sys::ForkNumber::Type;
+    let mode = match fork {
+        pg_sys::ForkNumber::FSM_FORKNUM | pg_sys::ForkNumber::VISIBILITYMAP_FORKNUM => {
+            pg_sys::ReadBufferMode::RBM_ZERO_ON_ERROR
+        }
+        _ => pg_sys::ReadBufferMode::RBM_NORMAL,
+    };
+    unsafe { pg_sys::ReadBufferExtended(relation, fork, block, mode, std::ptr::null_mut()) }
 }
 
 /// Path of the fork's first segment file, relative to the data directory (the working

@@ -10,12 +10,16 @@
 //! through its relation (ReadBufferExtended) while this backend holds AccessShareLock on
 //! that relation. Replay changes a relation's files only under the AccessExclusiveLock
 //! the primary logged for truncation, DROP, TRUNCATE and rewrites (VACUUM FULL, CLUSTER,
-//! SET TABLESPACE), so a reader holding the weaker lock and replay's change never overlap:
-//! the fork's size read under the lock stays true until it is released, and no read can
-//! land between replay's buffer drop and its ftruncate. The lock is taken conditionally:
-//! if replay holds or awaits it, the relation is skipped for this call, never waited for.
-//! Replay waits for us at most one run of reads (`READS_PER_LOCK` blocks or `LOCK_HOLD`,
-//! whichever ends first), and the lock is released between runs; past
+//! REINDEX, SET TABLESPACE), so a reader holding the weaker lock and replay's change never
+//! overlap: the fork's size read under the lock stays true until it is released, and no
+//! read can land between replay's buffer drop and its ftruncate. Two exceptions, both kept
+//! out: ALTER SEQUENCE gives a sequence new storage under a weaker lock (sequences are
+//! skipped: one block each), and database-wide changes (DROP DATABASE, ALTER DATABASE SET
+//! TABLESPACE) are guarded by replay terminating every session of that database instead.
+//! The lock is taken conditionally: if replay holds or awaits it, the relation is skipped
+//! for this call, never waited for. Replay waits for us at most one run of reads
+//! (`READS_PER_LOCK` blocks or `LOCK_HOLD`, whichever ends first) plus the catalog lookups
+//! of opening the relation, and the lock is released between runs; past
 //! max_standby_streaming_delay it cancels the statement, an ordinary recovery conflict.
 //! Nothing here discards a buffer: a loaded page is an ordinary clean page, as after a
 //! SELECT.
@@ -68,6 +72,7 @@ pub(crate) struct Outcome {
     pub skipped_relation_gone: u64,
     pub skipped_past_end: u64,
     pub skipped_unlogged: u64,
+    pub skipped_sequence: u64,
     pub skipped_locked: u64,
     /// In a database that takes no connections (template0), or no worker could start.
     pub skipped_other_database: u64,
@@ -81,6 +86,7 @@ impl Outcome {
         self.skipped_relation_gone += other.skipped_relation_gone;
         self.skipped_past_end += other.skipped_past_end;
         self.skipped_unlogged += other.skipped_unlogged;
+        self.skipped_sequence += other.skipped_sequence;
         self.skipped_locked += other.skipped_locked;
         self.skipped_other_database += other.skipped_other_database;
         self.skipped_unknown_database += other.skipped_unknown_database;
@@ -90,6 +96,7 @@ impl Outcome {
         self.skipped_relation_gone
             + self.skipped_past_end
             + self.skipped_unlogged
+            + self.skipped_sequence
             + self.skipped_locked
             + self.skipped_other_database
             + self.skipped_unknown_database
@@ -99,6 +106,7 @@ impl Outcome {
         let counter = match reason {
             ForkSkip::RelationGone => &mut self.skipped_relation_gone,
             ForkSkip::Unlogged => &mut self.skipped_unlogged,
+            ForkSkip::Sequence => &mut self.skipped_sequence,
             ForkSkip::LockedByReplay => &mut self.skipped_locked,
             ForkSkip::OtherDatabase => &mut self.skipped_other_database,
         };
@@ -111,6 +119,8 @@ impl Outcome {
 pub(crate) enum ForkSkip {
     RelationGone,
     Unlogged,
+    /// ALTER SEQUENCE replaces a sequence's storage without an AccessExclusiveLock.
+    Sequence,
     LockedByReplay,
     /// Read by another process (the caller or a worker), or not at all.
     OtherDatabase,
@@ -122,6 +132,9 @@ struct ForkState {
     /// The relation's OID, once looked up.
     relid: Option<pg_sys::Oid>,
     skip: Option<ForkSkip>,
+    /// The fork was found on disk under a lock. A fork of an unchanged relation is never
+    /// removed, so later runs need not ask again (mdexists closes every open segment).
+    exists: bool,
 }
 
 /// One block to read.
@@ -158,8 +171,9 @@ fn plan_reads(list: &BlockList, forks: &[ForkState]) -> Vec<Read> {
             reads.push(Read { fork: index as u32, block, usage });
         }
     }
-    // Stable: within one usage count, reads stay in file order.
-    reads.sort_by_key(|read| Reverse(read.usage));
+    // Within one usage count, reads stay in list (file) order; an unstable sort on the
+    // whole key gives the stable order without allocating.
+    reads.sort_unstable_by_key(|read| (Reverse(read.usage), read.fork, read.block));
     reads
 }
 
@@ -168,13 +182,17 @@ struct LockedFork {
     relid: pg_sys::Oid,
     relation: pg_sys::Relation,
     nblocks: u32,
+    /// When the lock was granted: a run gives it back after `LOCK_HOLD`.
+    since: Instant,
 }
 
 impl LockedFork {
     /// Locks the fork's relation without waiting, as long as it still has the storage the
     /// list names; otherwise records why the fork is skipped and returns `None`.
     fn acquire(fork: &mut ForkState) -> Option<LockedFork> {
-        let relid = match fork.relid.or_else(|| compat::relation_oid(fork.rel)) {
+        // Relations without storage of their own have relfilenode 0 in pg_class.
+        let known = fork.rel.rel != 0;
+        let relid = match fork.relid.or_else(|| known.then(|| compat::relation_oid(fork.rel)).flatten()) {
             Some(relid) => relid,
             None => {
                 fork.skip = Some(ForkSkip::RelationGone);
@@ -186,11 +204,14 @@ impl LockedFork {
             fork.skip = Some(ForkSkip::LockedByReplay);
             return None;
         }
+        let since = Instant::now();
         // Taking the lock accepted the invalidations replay sent before releasing its own
         // lock, so the catalog and relcache now show any DROP, TRUNCATE or rewrite.
         let relation = unsafe { pg_sys::try_relation_open(relid, NO_LOCK) };
         let skip = if relation.is_null() || !unsafe { compat::relation_has_storage(relation, fork.rel) } {
             Some(ForkSkip::RelationGone)
+        } else if unsafe { (*(*relation).rd_rel).relkind } as u8 == pg_sys::RELKIND_SEQUENCE {
+            Some(ForkSkip::Sequence)
         } else {
             match unsafe { (*(*relation).rd_rel).relpersistence } as u8 {
                 pg_sys::RELPERSISTENCE_PERMANENT => None,
@@ -207,14 +228,9 @@ impl LockedFork {
             fork.skip = Some(skip);
             return None;
         }
-        let nblocks = unsafe {
-            if compat::fork_exists(relation, fork.rel.fork) {
-                compat::fork_nblocks(relation, fork.rel.fork)
-            } else {
-                0
-            }
-        };
-        Some(LockedFork { relid, relation, nblocks })
+        fork.exists = fork.exists || unsafe { compat::fork_exists(relation, fork.rel.fork) };
+        let nblocks = if fork.exists { unsafe { compat::fork_nblocks(relation, fork.rel.fork) } } else { 0 };
+        Some(LockedFork { relid, relation, nblocks, since })
     }
 
     fn release(self) {
@@ -266,10 +282,9 @@ fn read_run(
             previous = Some(read.block);
         }
     }
-    let started = Instant::now();
     let mut done = 0;
     for read in reads {
-        if done > 0 && started.elapsed() >= LOCK_HOLD {
+        if done > 0 && locked.since.elapsed() >= LOCK_HOLD {
             break;
         }
         pg_sys::check_for_interrupts!();
@@ -297,14 +312,26 @@ fn read_run(
 
 /// The file ranges the readahead threads should read, in the order of `reads`.
 fn readahead_plan(reads: &[Read], forks: &[ForkState]) -> ReadaheadPlan {
-    let mut plan = ReadaheadPlan::default();
-    let mut paths: Vec<Option<usize>> = vec![None; forks.len()];
+    let mut plan = ReadaheadPlan::try_with_capacity(forks.len(), reads.len()).unwrap_or_else(|_| {
+        errors::out_of_memory("the readahead plan", (reads.len() * 32 + forks.len() * 64) as u64)
+    });
+    let mut paths: Vec<Option<usize>> = try_vec(forks.len(), None, "the readahead plan");
     for (index, read) in reads.iter().enumerate() {
         let fork = &forks[read.fork as usize];
         let path = *paths[read.fork as usize].get_or_insert_with(|| plan.add_fork(compat::relation_path(fork.rel)));
         plan.push(path, read.block, index);
     }
     plan
+}
+
+/// `len` copies of `value`, or the out-of-memory ERROR.
+fn try_vec<T: Clone>(len: usize, value: T, what: &str) -> Vec<T> {
+    let mut vec = Vec::new();
+    if vec.try_reserve_exact(len).is_err() {
+        errors::out_of_memory(what, (len * std::mem::size_of::<T>()) as u64);
+    }
+    vec.resize(len, value);
+    vec
 }
 
 /// Reads every planned block, one locked run at a time.
@@ -335,11 +362,16 @@ pub(crate) fn decode(list: &[u8], limit: u64) -> BlockList {
 /// (the caller's database and the shared catalogs, or a worker's database); the other
 /// forks are left alone and not counted.
 pub(crate) fn read_blocks(list: &BlockList, here: impl Fn(u32) -> bool) -> Outcome {
-    let mut forks: Vec<ForkState> = list
-        .groups
-        .iter()
-        .map(|group| ForkState { rel: group.rel, relid: None, skip: (!here(group.rel.db)).then_some(ForkSkip::OtherDatabase) })
-        .collect();
+    let mut forks: Vec<ForkState> = Vec::new();
+    if forks.try_reserve_exact(list.groups.len()).is_err() {
+        errors::out_of_memory("the forks of a block list", (list.groups.len() * std::mem::size_of::<ForkState>()) as u64);
+    }
+    forks.extend(list.groups.iter().map(|group| ForkState {
+        rel: group.rel,
+        relid: None,
+        skip: (!here(group.rel.db)).then_some(ForkSkip::OtherDatabase),
+        exists: false,
+    }));
     let reads = plan_reads(list, &forks);
     let mut outcome = Outcome::default();
     read_all(&reads, &mut forks, &mut outcome);
@@ -372,7 +404,7 @@ fn ccm_prewarm(
     }
 
     debug1!(
-        "pg_ccm prewarm: {} requested, {} loaded, {} already cached, skipped {} (relation gone {}, past end of file {}, unlogged {}, locked by replay {}, database not reachable {}, unknown database {})",
+        "pg_ccm prewarm: {} requested, {} loaded, {} already cached, skipped {} (relation gone {}, past end of file {}, unlogged {}, sequence {}, locked by replay {}, database not reachable {}, unknown database {})",
         decoded.len(),
         outcome.loaded,
         outcome.already_cached,
@@ -380,6 +412,7 @@ fn ccm_prewarm(
         outcome.skipped_relation_gone,
         outcome.skipped_past_end,
         outcome.skipped_unlogged,
+        outcome.skipped_sequence,
         outcome.skipped_locked,
         outcome.skipped_other_database,
         outcome.skipped_unknown_database,

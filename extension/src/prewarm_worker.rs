@@ -7,10 +7,14 @@
 //! worker and waits for it. The worker reads its database's blocks with the same locked
 //! reads as the caller (prewarm.rs) and writes its counts, or the ERROR that stopped it,
 //! back into the segment; the caller raises that ERROR with its SQLSTATE, so a recovery
-//! conflict in a worker looks to the agent like one in the caller. If the caller is
-//! cancelled while it waits, it terminates the worker. A database that does not exist, or
-//! takes no connections (template0), and a worker that cannot start (max_worker_processes)
-//! leave their blocks skipped; the last with a WARNING.
+//! conflict in a worker looks to the agent like one in the caller. Whenever the caller
+//! detaches from the segment before the worker is done (an ERROR, a cancel, FATAL), a
+//! detach callback terminates the worker, so it never reads for nobody. A database that
+//! does not exist or takes no connections (template0, or one left invalid by an interrupted
+//! DROP DATABASE), a worker that cannot start (max_worker_processes) and a worker that
+//! exits without finishing (its database dropped or moved by replay, which terminates
+//! every session of it, or a shutdown) leave their blocks skipped, the last two with a
+//! WARNING.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -27,13 +31,19 @@ use crate::prewarm::{self, Outcome};
 /// Room for the worker's error message.
 const MESSAGE_BYTES: usize = 512;
 
+/// "CCMW": the segment is one of ours.
+const MAGIC: u32 = 0x4343_4d57;
+
 const RUNNING: u32 = 0;
 const DONE: u32 = 1;
 const FAILED: u32 = 2;
+/// The worker left (FATAL, SIGTERM) without an answer.
+const EXITED: u32 = 3;
 
 /// The segment's header; the list's bytes follow it.
 #[repr(C)]
 struct Shared {
+    magic: u32,
     database: u32,
     state: AtomicU32,
     /// PostgreSQL's packed SQLSTATE of the worker's ERROR (FAILED).
@@ -66,7 +76,8 @@ pub(crate) fn other_databases(list: &BlockList, here: u32) -> Vec<(u32, u64)> {
     databases
 }
 
-/// Whether database `db` exists, and if so whether it takes connections.
+/// Whether database `db` exists, and if so whether it takes connections (not template0,
+/// not left invalid by an interrupted DROP DATABASE).
 fn database_accepts_connections(db: u32) -> Option<bool> {
     unsafe {
         let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::DATABASEOID as i32, pg_sys::Datum::from(db));
@@ -74,10 +85,23 @@ fn database_accepts_connections(db: u32) -> Option<bool> {
             return None;
         }
         let form = pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_database;
-        let allowed = (*form).datallowconn;
+        let allowed = (*form).datallowconn && (*form).datconnlimit != pg_sys::DATCONNLIMIT_INVALID_DB;
         pg_sys::ReleaseSysCache(tuple);
         Some(allowed)
     }
+}
+
+/// Caller's detach callback: the caller is leaving (or done), so the worker must not go on.
+#[pg_guard]
+unsafe extern "C-unwind" fn terminate_worker(_segment: *mut pg_sys::dsm_segment, handle: pg_sys::Datum) {
+    unsafe { pg_sys::TerminateBackgroundWorker(handle.cast_mut_ptr::<pg_sys::BackgroundWorkerHandle>()) };
+}
+
+/// Worker's detach callback (it runs at exit too): an unanswered request becomes EXITED.
+#[pg_guard]
+unsafe extern "C-unwind" fn mark_exited(_segment: *mut pg_sys::dsm_segment, shared: pg_sys::Datum) {
+    let shared = shared.cast_mut_ptr::<Shared>();
+    let _ = unsafe { &(*shared).state }.compare_exchange(RUNNING, EXITED, Ordering::AcqRel, Ordering::Acquire);
 }
 
 /// Reads the `blocks` blocks of database `db` named in `list` (the encoded list) through a
@@ -104,6 +128,7 @@ pub(crate) fn prewarm_database(db: u32, blocks: u64, list: &[u8]) -> Outcome {
     let shared = unsafe { pg_sys::dsm_segment_address(segment) } as *mut Shared;
     unsafe {
         std::ptr::write_bytes(shared.cast::<u8>(), 0, std::mem::size_of::<Shared>());
+        (*shared).magic = MAGIC;
         (*shared).database = db;
         (*shared).state = AtomicU32::new(RUNNING);
         (*shared).list_len = list.len() as u64;
@@ -130,13 +155,20 @@ pub(crate) fn prewarm_database(db: u32, blocks: u64, list: &[u8]) -> Outcome {
         return skipped(false);
     }
 
-    // A cancel while we wait must not leave the worker reading for nobody.
-    PgTryBuilder::new(|| unsafe { pg_sys::WaitForBackgroundWorkerShutdown(handle) })
-        .catch_others(|error| {
-            unsafe { pg_sys::TerminateBackgroundWorker(handle) };
-            error.rethrow()
-        })
-        .execute();
+    // Whatever ends our part in this (an ERROR or cancel while we wait, which detaches the
+    // segment through the resource owner, or FATAL), the worker is terminated with it.
+    let callback_arg = pg_sys::Datum::from(handle);
+    unsafe { pg_sys::on_dsm_detach(segment, Some(terminate_worker), callback_arg) };
+    let status = unsafe { pg_sys::WaitForBackgroundWorkerShutdown(handle) };
+    unsafe { pg_sys::cancel_on_dsm_detach(segment, Some(terminate_worker), callback_arg) };
+    if status == pg_sys::BgwHandleStatus::BGWH_POSTMASTER_DIED {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_ADMIN_SHUTDOWN,
+            "postmaster exited while ccm_prewarm() waited for its worker".into(),
+            None,
+            None,
+        );
+    }
 
     let state = unsafe { (*shared).state.load(Ordering::Acquire) };
     let outcome = unsafe { (*shared).outcome };
@@ -154,14 +186,18 @@ pub(crate) fn prewarm_database(db: u32, blocks: u64, list: &[u8]) -> Outcome {
             Some(format!("Raised by the pg_ccm prewarm worker of database {db}.")),
             None,
         ),
-        // It left before reading: most likely the database was dropped meanwhile.
-        _ if database_accepts_connections(db).is_none() => skipped(true),
-        _ => errors::raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("pg_ccm prewarm worker of database {db} stopped without finishing"),
-            None,
-            Some("See the server log for the reason."),
-        ),
+        // It left without an answer: replay dropped or moved its database (and terminated
+        // its sessions), or a shutdown. Its blocks are skipped, as for any gone database.
+        _ => {
+            unsafe { pg_sys::AcceptInvalidationMessages() };
+            let gone = database_accepts_connections(db).is_none();
+            if !gone {
+                warning!(
+                    "pg_ccm: the prewarm worker of database {db} exited before finishing; {blocks} blocks of it are skipped"
+                );
+            }
+            skipped(gone)
+        }
     }
 }
 
@@ -200,6 +236,21 @@ pub extern "C-unwind" fn ccm_prewarm_worker_main(argument: pg_sys::Datum) {
         );
     }
     let shared = unsafe { pg_sys::dsm_segment_address(segment) } as *mut Shared;
+    let mapped = unsafe { pg_sys::dsm_segment_map_length(segment) };
+    let header = std::mem::size_of::<Shared>();
+    let fits = mapped >= header
+        && unsafe { (*shared).magic } == MAGIC
+        && unsafe { (*shared).list_len }.checked_add(header as u64).is_some_and(|end| end <= mapped as u64);
+    if !fits {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "dynamic shared memory segment is not a pg_ccm prewarm request".into(),
+            None,
+            None,
+        );
+    }
+    // Exiting without an answer (FATAL, SIGTERM) still tells the caller.
+    unsafe { pg_sys::on_dsm_detach(segment, Some(mark_exited), pg_sys::Datum::from(shared)) };
     let db = unsafe { (*shared).database };
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from_u32(db)), None);
     let bytes = unsafe { std::slice::from_raw_parts(shared.add(1).cast::<u8>(), (*shared).list_len as usize) };

@@ -52,6 +52,16 @@ pub struct ReadaheadPlan {
 }
 
 impl ReadaheadPlan {
+    /// An empty plan with room for `forks` paths and `reads` reads, so that `add_fork` and
+    /// `push` allocate nothing more (but the paths themselves); an error if the room cannot
+    /// be had.
+    pub fn try_with_capacity(forks: usize, reads: usize) -> Result<Self, std::collections::TryReserveError> {
+        let mut plan = ReadaheadPlan::default();
+        plan.paths.try_reserve_exact(forks)?;
+        plan.runs.try_reserve_exact(reads)?;
+        Ok(plan)
+    }
+
     /// Registers a fork's path; returns its index for `push`.
     pub fn add_fork(&mut self, path: String) -> usize {
         self.paths.push(path);

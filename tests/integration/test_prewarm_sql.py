@@ -157,3 +157,72 @@ def test_a_recovery_conflict_cancels_the_statement_not_the_session(tmp_path):
             assert conn.execute("SELECT 1").fetchone() == (1,), "the session survives the conflict"
         cluster.wait_caught_up()
         assert standby.one("SELECT count(*) FROM t") == 0
+
+
+def test_sequences_are_skipped(pair):
+    """ALTER SEQUENCE gives a sequence new storage without an AccessExclusiveLock, so the
+    lock that guards every other relation would not guard it."""
+    primary, standby = pair.primary, pair.standby
+    primary.sql("CREATE SEQUENCE s")
+    pair.wait_caught_up()
+    assert prewarm(standby, listing(address(standby, "s"), [0])) == (1, 0, 0, 1)
+
+
+@pytest.fixture
+def slow_workers():
+    """A pair whose standby's prewarm workers sleep 3 s after each run (the failpoint, set in
+    the standby's configuration so that workers see it too)."""
+    with Cluster(standby_settings={"ccm.test_prewarm_delay_ms": 3000}) as built:
+        built.primary.sql("CREATE DATABASE other")
+        built.primary.sql("CREATE TABLE o AS SELECT g AS id FROM generate_series(1, 20000) g", dbname="other")
+        built.make_standby_cold()
+        yield built
+
+
+def prewarm_workers(node: Node) -> int:
+    return node.one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_ccm prewarm'")
+
+
+def run_in_background(target) -> tuple[threading.Thread, dict]:
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["row"] = target()
+        except psycopg.Error as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_cancelled_call_terminates_its_worker(slow_workers):
+    standby = slow_workers.standby
+    rel, n = address(standby, "o", dbname="other"), blocks(standby, "o", dbname="other")
+    with standby.connect() as conn:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        thread, outcome = run_in_background(
+            lambda: conn.execute("SELECT * FROM ccm_prewarm(%s)", [listing(rel, range(n))]).fetchone())
+        standby.wait_until(lambda: prewarm_workers(standby) == 1, "the worker to start")
+        standby.sql("SELECT pg_cancel_backend(%s)", [pid])
+        thread.join(timeout=30)
+        assert outcome["error"].sqlstate == "57014", outcome
+        standby.wait_until(lambda: prewarm_workers(standby) == 0, "the worker to be terminated", timeout=5)
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_database_dropped_under_its_worker_is_skipped(slow_workers):
+    """Replaying DROP DATABASE terminates every session of that database, the worker too:
+    its blocks are skipped, the call succeeds, replay goes on."""
+    primary, standby = slow_workers.primary, slow_workers.standby
+    rel, n = address(standby, "o", dbname="other"), blocks(standby, "o", dbname="other")
+    thread, outcome = run_in_background(lambda: prewarm(standby, listing(rel, range(n))))
+    standby.wait_until(lambda: prewarm_workers(standby) == 1, "the worker to start")
+    primary.sql("DROP DATABASE other")
+    thread.join(timeout=60)
+    requested, loaded, already, skipped = outcome["row"]
+    assert requested == n and skipped > 0 and loaded + already + skipped == n, outcome
+    slow_workers.wait_caught_up()
+    assert standby.one("SELECT count(*) FROM pg_database WHERE datname = 'other'") == 0
+    assert "PANIC" not in standby.logfile.read_text(errors="replace")
