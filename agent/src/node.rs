@@ -511,18 +511,19 @@ impl Node {
         call: impl Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, NodeError> {
         let deadline = self.options.call_deadline();
+        let mut call = std::pin::pin!(call);
         let outcome = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => None,
-            r = tokio::time::timeout(deadline, call) => Some(r),
+            r = tokio::time::timeout(deadline, call.as_mut()) => Some(r),
         };
         match outcome {
             None => {
-                self.cancel_running().await;
+                self.cancel_running(call).await;
                 Err(NodeError::Cancelled)
             }
             Some(Err(_)) => {
-                self.cancel_running().await;
+                self.cancel_running(call).await;
                 Err(NodeError::QueryTimeout {
                     host: self.label(),
                     what,
@@ -541,9 +542,17 @@ impl Node {
         }
     }
 
-    async fn cancel_running(&self) {
+    /// Cancels the statement server-side, then reads its answer (the cancel's ERROR) for a
+    /// moment, so the backend finishes the statement before we may close the connection:
+    /// a backend whose client vanished mid-statement ends with FATAL "connection to client
+    /// lost" instead.
+    async fn cancel_running<T>(&self, call: std::pin::Pin<&mut impl Future<Output = T>>) {
         let token = self.client.cancel_token();
-        match tokio::time::timeout(CANCEL_GRACE, token.cancel_query(NoTls)).await {
+        let cancelled = tokio::time::timeout(CANCEL_GRACE, token.cancel_query(NoTls)).await;
+        if matches!(cancelled, Ok(Ok(()))) {
+            let _ = tokio::time::timeout(CANCEL_GRACE, call).await;
+        }
+        match cancelled {
             Ok(Ok(())) => debug!(host = %self.label(), "cancelled the running statement"),
             Ok(Err(e)) => debug!(host = %self.label(), "cancel request failed: {e}"),
             Err(_) => debug!(host = %self.label(), "cancel request timed out"),
