@@ -353,8 +353,12 @@ class Cluster:
         node.write_settings({**self.standby_settings, "port": node.port})
 
     def wait_caught_up(self, timeout: float = 120) -> None:
-        """Waits until the standby has replayed everything the primary has written so far."""
-        target = self.primary.one("SELECT pg_current_wal_lsn()::text")
+        """Waits until the standby has replayed everything the primary has written so far.
+
+        The insert position, not pg_current_wal_lsn() (the write position): with
+        synchronous_commit off a commit record may still sit in WAL buffers beyond the
+        latter, and the standby would be "caught up" without the last commits."""
+        target = self.primary.one("SELECT pg_current_wal_insert_lsn()::text")
         self.standby.wait_until(
             lambda: self.standby.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [target]),
             f"replay of {target}",

@@ -50,7 +50,11 @@ def assert_same_data(primary: Node, standby: Node) -> None:
     assert names, "no tables to compare"
     assert tables(standby) == names
     for name in names:
-        assert digest(standby, name) == digest(primary, name), f"table {name} differs on the standby"
+        if digest(standby, name) != digest(primary, name):
+            positions = (primary.one("SELECT pg_current_wal_insert_lsn()::text"),
+                         standby.one("SELECT pg_last_wal_replay_lsn()::text") if standby.in_recovery() else None)
+            raise AssertionError(f"table {name} differs on the standby: {digest(standby, name)} vs "
+                                 f"{digest(primary, name)} (primary insert LSN, standby replay LSN: {positions})")
 
 
 def assert_clean_log(node: Node) -> None:
