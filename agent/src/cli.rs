@@ -102,7 +102,7 @@ pub struct GlobalArgs {
     /// Time between cycle starts [default: 1s].
     #[arg(long, env = "CCM_INTERVAL", global = true, value_name = "DURATION")]
     pub interval: Option<String>,
-    /// Address for GET /metrics and /healthz, or "off" [default: 127.0.0.1:9187].
+    /// Address for GET /metrics, /healthz and /readyz, or "off" [default: 127.0.0.1:9935].
     #[arg(long, env = "CCM_METRICS_LISTEN", global = true, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
     /// Log format [default: text].

@@ -16,7 +16,8 @@ use crate::conninfo::{mask_password, ConnInfo};
 use crate::node::Side;
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
-pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9187";
+/// Not 9187, postgres_exporter's port, which often runs on the same host.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9935";
 pub const DEFAULT_LOG_LEVEL: &str = "info";
 pub const DEFAULT_FALSE_POSITIVE_RATE: f64 = 0.01;
 pub const DEFAULT_BATCH_BLOCKS: u64 = 4096;
@@ -171,7 +172,7 @@ impl Config {
             addr => Some(addr.parse::<SocketAddr>().map_err(|_| {
                 invalid(
                     "metrics_listen",
-                    format!("\"{addr}\" is neither \"off\" nor an IP:port such as 127.0.0.1:9187"),
+                    format!("\"{addr}\" is neither \"off\" nor an IP:port such as 127.0.0.1:9935"),
                 )
             })?),
         };
@@ -246,6 +247,25 @@ impl Config {
             max_backoff: Some(format_duration(self.max_backoff)),
         };
         toml::to_string(&effective).expect("a flat struct of strings and numbers serializes")
+    }
+}
+
+impl Config {
+    /// The keys whose effective values differ from `self` to `new`, as (key, old, new), in
+    /// the words of `to_toml_masked` (passwords masked).
+    pub fn changes(&self, new: &Config) -> Vec<(String, String, String)> {
+        let table = |config: &Config| -> toml::Table {
+            config.to_toml_masked().parse().expect("to_toml_masked writes valid TOML")
+        };
+        let (before, after) = (table(self), table(new));
+        let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        let shown = |table: &toml::Table, key: &str| table.get(key).map_or_else(|| "(unset)".to_string(), |v| v.to_string());
+        keys.into_iter()
+            .filter(|key| before.get(*key) != after.get(*key))
+            .map(|key| (key.clone(), shown(&before, key), shown(&after, key)))
+            .collect()
     }
 }
 
@@ -334,6 +354,24 @@ mod tests {
         }
     }
 
+    #[test]
+    fn changes_name_the_keys_and_mask_passwords() {
+        let old = Config::validate(base()).unwrap();
+        assert!(old.changes(&old.clone()).is_empty());
+        let new = Config::validate(RawConfig {
+            primary: Some("host=p2 port=5432 user=postgres password=other".into()),
+            interval: Some("200ms".into()),
+            ..base()
+        })
+        .unwrap();
+        let changes = old.changes(&new);
+        let keys: Vec<&str> = changes.iter().map(|(key, _, _)| key.as_str()).collect();
+        assert_eq!(keys, ["interval", "primary"]);
+        let text = format!("{changes:?}");
+        assert!(!text.contains("secret") && !text.contains("other"), "{text}");
+        assert!(text.contains("host=p2"), "{text}");
+    }
+
     fn key_of(e: ConfigError) -> &'static str {
         match e {
             ConfigError::Invalid { key, .. } | ConfigError::Missing { key } => key,
@@ -345,7 +383,7 @@ mod tests {
     fn defaults_apply() {
         let c = Config::validate(base()).unwrap();
         assert_eq!(c.interval, Duration::from_secs(1));
-        assert_eq!(c.metrics_listen, Some("127.0.0.1:9187".parse().unwrap()));
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9935".parse().unwrap()));
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.log_level, "info");
         assert_eq!(c.false_positive_rate, 0.01);

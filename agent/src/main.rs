@@ -1,8 +1,8 @@
 //! ccm-agent: keeps a tier-0 standby's shared_buffers mirroring the primary's hot set.
 //!
 //! This file only wires things up: parse flags, load the config, start logging, run the
-//! command on a small tokio runtime, and turn SIGTERM/SIGINT into a cancellation every task
-//! watches. The work lives in one module per concern.
+//! command on a small tokio runtime, turn SIGTERM/SIGINT into a cancellation every task
+//! watches and SIGHUP into a reload (reload.rs). The work lives in one module per concern.
 
 mod backoff;
 mod cli;
@@ -10,6 +10,7 @@ mod config;
 mod conninfo;
 mod metrics;
 mod node;
+mod reload;
 mod status;
 mod sync;
 
@@ -26,7 +27,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn, Instrument};
 
-use crate::cli::{Cli, Command, LogFormat, OutputFormat};
+use crate::cli::{Cli, Command, GlobalArgs, LogFormat, OutputFormat};
 use crate::config::Config;
 use crate::metrics::Metrics;
 
@@ -43,7 +44,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    init_logging(&cfg);
+    let set_log_level = init_logging(&cfg);
 
     // Two workers: the machine this runs beside a database should give the database its cores.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -58,12 +59,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = runtime.block_on(async_main(cli.command, Arc::new(cfg)));
+    let code = runtime.block_on(async_main(cli, Arc::new(cfg), set_log_level));
     runtime.shutdown_timeout(Duration::from_millis(500));
     code
 }
 
-fn init_logging(cfg: &Config) {
+/// Starts logging; returns what changes the log filter of the running process (SIGHUP).
+fn init_logging(cfg: &Config) -> reload::SetLogLevel {
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(config::DEFAULT_LOG_LEVEL));
     // Logs go to stderr: stdout carries the --output of sync, status and check-config.
@@ -71,21 +73,31 @@ fn init_logging(cfg: &Config) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false);
+    macro_rules! start {
+        ($builder:expr) => {{
+            let builder = $builder.with_filter_reloading();
+            let handle = builder.reload_handle();
+            builder.init();
+            Box::new(move |level: &str| {
+                let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+                handle.reload(filter).map_err(|e| e.to_string())
+            })
+        }};
+    }
     match cfg.log_format {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .init(),
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => start!(builder.json().flatten_event(true).with_current_span(false)),
+        LogFormat::Text => start!(builder.with_ansi(std::io::stderr().is_terminal())),
     }
 }
 
-async fn async_main(command: Command, cfg: Arc<Config>) -> ExitCode {
+async fn async_main(cli: Cli, cfg: Arc<Config>, set_log_level: reload::SetLogLevel) -> ExitCode {
     let cancel = CancellationToken::new();
     spawn_signal_handler(cancel.clone());
-    let result = match command {
-        Command::Run => run(cfg, cancel).await,
+    if !matches!(cli.command, Command::Run) {
+        spawn_task("sighup", reload::ignore(cancel.clone()));
+    }
+    let result = match cli.command {
+        Command::Run => run(cfg, cli.global, set_log_level, cancel).await,
         Command::Sync(args) => {
             if !args.once {
                 eprintln!(
@@ -151,8 +163,15 @@ where
     )
 }
 
-async fn run(cfg: Arc<Config>, cancel: CancellationToken) -> anyhow::Result<ExitCode> {
+async fn run(
+    cfg: Arc<Config>,
+    args: GlobalArgs,
+    set_log_level: reload::SetLogLevel,
+    cancel: CancellationToken,
+) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(Metrics::new());
+    let (config_tx, config_rx) = tokio::sync::watch::channel(cfg.clone());
+    let reload_task = spawn_task("reload", reload::run(args, config_tx, set_log_level, cancel.clone()));
     let metrics_task = match cfg.metrics_listen {
         Some(addr) => {
             // Bound here, not in the task: a busy port must fail the start, visibly.
@@ -164,10 +183,7 @@ async fn run(cfg: Arc<Config>, cancel: CancellationToken) -> anyhow::Result<Exit
         }
         None => None,
     };
-    let mut sync_task = spawn_task(
-        "sync",
-        sync::run(cfg.clone(), metrics.clone(), cancel.clone()),
-    );
+    let mut sync_task = spawn_task("sync", sync::run(config_rx, metrics.clone(), cancel.clone()));
 
     // Wait for shutdown, or for the sync task to end on its own (which only a bug makes happen).
     let mut failed = false;
@@ -188,6 +204,7 @@ async fn run(cfg: Arc<Config>, cancel: CancellationToken) -> anyhow::Result<Exit
         None => pending.push(("sync", sync_task)),
     }
     pending.extend(metrics_task.map(|t| ("metrics", t)));
+    pending.push(("reload", reload_task));
     for (name, task) in pending {
         match tokio::time::timeout(SHUTDOWN_GRACE, task).await {
             Ok(Ok(Ok(()))) => {}

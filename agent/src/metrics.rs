@@ -2,13 +2,15 @@
 //!
 //! prometheus-client keeps every metric in atomics, so the sync task updates them without
 //! locks and the HTTP handler encodes a consistent-enough snapshot on each scrape. The server
-//! is bare hyper 1 (HTTP/1 only): two GET routes do not justify a web framework's compile time.
+//! is bare hyper 1 (HTTP/1 only): three GET routes do not justify a web framework's compile
+//! time. /healthz says the process serves; /readyz says it does its job: both sides
+//! connected and a call answered recently, with a JSON body that says why not.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -86,6 +88,20 @@ pub struct Metrics {
     wal_cache_slot_misses: Family<SlotLabels, Gauge>,
     /// Slot names with series, so that dropped slots' series can be removed.
     wal_cache_slots: std::sync::Mutex<Vec<String>>,
+    build_info: Family<[(&'static str, &'static str); 1], Gauge>,
+    readiness: Readiness,
+}
+
+/// What /readyz judges.
+#[derive(Default)]
+struct Readiness {
+    primary_up: AtomicBool,
+    standby_up: AtomicBool,
+    /// When a node last answered a call of the loop (a cycle can take long: a cold standby
+    /// is warmed in many batches).
+    last_progress: Mutex<Option<Instant>>,
+    /// How long without progress is not ready (set from the configuration).
+    stale_after_ms: AtomicU64,
 }
 
 type SlotLabels = [(&'static str, String); 1];
@@ -122,8 +138,12 @@ impl Metrics {
             wal_cache_slot_hits: Family::default(),
             wal_cache_slot_misses: Family::default(),
             wal_cache_slots: std::sync::Mutex::default(),
+            build_info: Family::default(),
+            readiness: Readiness::default(),
             registry: Registry::default(),
         };
+        registry.register("build_info", "The agent's version; always 1", m.build_info.clone());
+        m.build_info.get_or_create(&[("version", env!("CARGO_PKG_VERSION"))]).set(1);
         // Counters get their `_total` suffix from the encoder.
         registry.register("cycles", "Sync cycles completed", m.cycles.clone());
         registry.register(
@@ -253,6 +273,63 @@ impl Metrics {
         self.node_up
             .get_or_create(&side_label(side))
             .set(i64::from(up));
+        let flag = match side {
+            Side::Primary => &self.readiness.primary_up,
+            Side::Standby => &self.readiness.standby_up,
+        };
+        flag.store(up, Ordering::Relaxed);
+    }
+
+    /// A node answered a call of the loop.
+    pub fn progress(&self) {
+        *self.readiness.last_progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// After how long without progress /readyz says not ready.
+    pub fn set_stale_after(&self, after: Duration) {
+        let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        self.readiness.stale_after_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether the loop does its job, and the JSON body of /readyz that says so or why not.
+    pub fn readiness(&self) -> (bool, serde_json::Value) {
+        let r = &self.readiness;
+        let primary = r.primary_up.load(Ordering::Relaxed);
+        let standby = r.standby_up.load(Ordering::Relaxed);
+        let since = r
+            .last_progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|at| at.elapsed());
+        let stale_after = Duration::from_millis(r.stale_after_ms.load(Ordering::Relaxed));
+        let mut reasons = Vec::new();
+        if !primary {
+            reasons.push("no connection to a primary".to_string());
+        }
+        if !standby {
+            reasons.push("no connection to a standby".to_string());
+        }
+        match since {
+            None => reasons.push("no call answered yet".to_string()),
+            Some(age) if age > stale_after => reasons.push(format!(
+                "no call answered for {:.1} s (more than {:.1} s)",
+                age.as_secs_f64(),
+                stale_after.as_secs_f64()
+            )),
+            Some(_) => {}
+        }
+        if self.enabled.get() == 0 {
+            reasons.push("Cluster Cache Manager is disabled on a node (ccm.enabled = off)".to_string());
+        }
+        let ready = reasons.is_empty();
+        let body = serde_json::json!({
+            "ready": ready,
+            "primary_connected": primary,
+            "standby_connected": standby,
+            "seconds_since_last_answer": since.map(|age| age.as_secs_f64()),
+            "reasons": reasons,
+        });
+        (ready, body)
     }
 
     pub fn retarget(&self, side: Side) {
@@ -335,14 +412,14 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
         .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))
 }
 
-/// Serves GET /metrics and GET /healthz until `cancel`.
+/// Serves GET /metrics, /healthz and /readyz until `cancel`.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "serving /metrics and /healthz");
+        info!(%addr, "serving /metrics, /healthz and /readyz");
     }
     loop {
         let (stream, peer) = tokio::select! {
@@ -388,7 +465,12 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> 
             "text/plain; charset=utf-8",
             "ok".to_string(),
         ),
-        (_, "/metrics" | "/healthz") => (
+        (&Method::GET, "/readyz") => {
+            let (ready, body) = metrics.readiness();
+            let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            (status, "application/json", format!("{body}\n"))
+        }
+        (_, "/metrics" | "/healthz" | "/readyz") => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain; charset=utf-8",
             "method not allowed\n".to_string(),
@@ -532,6 +614,35 @@ mod tests {
         assert!((coverage(3, 1) - 2.0 / 3.0).abs() < 1e-12);
     }
 
+    #[test]
+    fn readiness_needs_both_sides_and_a_recent_answer() {
+        let m = Metrics::new();
+        m.set_stale_after(Duration::from_secs(60));
+        let (ready, body) = m.readiness();
+        assert!(!ready);
+        assert_eq!(body["reasons"].as_array().unwrap().len(), 3, "{body}");
+        m.set_node_up(Side::Primary, true);
+        m.set_node_up(Side::Standby, true);
+        m.progress();
+        let (ready, body) = m.readiness();
+        assert!(ready, "{body}");
+        assert_eq!(body["reasons"].as_array().unwrap().len(), 0);
+        m.set_stale_after(Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(5));
+        let (ready, body) = m.readiness();
+        assert!(!ready && body["reasons"][0].as_str().unwrap().starts_with("no call answered for"), "{body}");
+        m.set_stale_after(Duration::from_secs(60));
+        m.enabled.set(0);
+        assert!(!m.readiness().0);
+    }
+
+    #[test]
+    fn build_info_carries_the_version() {
+        let text = Metrics::new().render();
+        let line = format!("ccm_agent_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+        assert!(text.contains(&line), "{text}");
+    }
+
     #[tokio::test]
     async fn http_routes() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -563,6 +674,9 @@ mod tests {
             "{health}"
         );
         assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
+        let ready = get("/readyz").await;
+        assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+        assert!(ready.contains("\"ready\":false") && ready.contains("no connection to a primary"), "{ready}");
         cancel.cancel();
         tokio::time::timeout(Duration::from_secs(2), server)
             .await

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use ccm_codec::{decode_block_list_header, BlockList};
 use indicatif::ProgressBar;
 use serde::Serialize;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -245,7 +246,10 @@ impl Syncer {
         result: Result<T, NodeError>,
     ) -> Result<T, CycleError> {
         match result {
-            Ok(v) => Ok(v),
+            Ok(v) => {
+                self.metrics.progress();
+                Ok(v)
+            }
             Err(NodeError::Cancelled) => Err(CycleError::Cancelled),
             Err(NodeError::Disabled { host }) => Err(CycleError::Disabled { side, host }),
             Err(error) => {
@@ -507,13 +511,36 @@ fn log_cycle(report: &CycleReport) {
     }
 }
 
+/// How long /readyz tolerates no answer from the nodes: three intervals, plus one call's
+/// statement timeout (a batch on a cold standby may take that long).
+fn stale_after(cfg: &Config) -> Duration {
+    cfg.interval * 3 + cfg.statement_timeout
+}
+
+impl Syncer {
+    /// A reloaded configuration: a side whose connection string changed reconnects.
+    fn reconfigure(&mut self, cfg: Arc<Config>) {
+        if cfg.primary_conninfo != self.cfg.primary_conninfo {
+            self.drop_node(Side::Primary);
+        }
+        if cfg.standby_conninfo != self.cfg.standby_conninfo {
+            self.drop_node(Side::Standby);
+        }
+        self.metrics.set_stale_after(stale_after(&cfg));
+        self.cfg = cfg;
+    }
+}
+
 /// `ccm-agent run`: cycles every interval until `cancel`; faults back off and retry forever.
+/// A new configuration from `config` (SIGHUP) applies from the next cycle on.
 pub async fn run(
-    cfg: Arc<Config>,
+    mut config: watch::Receiver<Arc<Config>>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
+    let mut cfg = config.borrow_and_update().clone();
     let mut syncer = Syncer::new(cfg.clone(), metrics.clone(), cancel.clone());
+    metrics.set_stale_after(stale_after(&cfg));
     let mut backoff = Backoff::new(cfg.max_backoff);
     info!(
         interval = %format_duration(cfg.interval),
@@ -522,6 +549,14 @@ pub async fn run(
         "sync loop started"
     );
     while !cancel.is_cancelled() {
+        // `changed()` below marks a new value as seen, so compare instead of asking
+        // `has_changed()`.
+        let latest = config.borrow_and_update().clone();
+        if !Arc::ptr_eq(&latest, &cfg) {
+            cfg = latest;
+            syncer.reconfigure(cfg.clone());
+            backoff = Backoff::new(cfg.max_backoff);
+        }
         let started = Instant::now();
         let wait = match syncer.cycle(None).await {
             Ok(report) => {
@@ -558,6 +593,8 @@ pub async fn run(
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = tokio::time::sleep(wait) => {}
+            // A reload (a new interval, a new host) applies at once.
+            _ = config.changed() => {}
         }
     }
     info!("sync loop stopped");

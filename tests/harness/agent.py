@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -42,17 +43,18 @@ def run_agent_json(*args: str, timeout: float = 120) -> dict[str, Any]:
 class AgentProcess:
     """`ccm-agent run` in the background, with its log in a file."""
 
-    def __init__(self, primary: str, standby: str, log_dir: Path, interval: str = "200ms", extra: list[str] | None = None,
-                 launcher: list[str] | None = None):
+    def __init__(self, primary: str | None, standby: str | None, log_dir: Path, interval: str | None = "200ms",
+                 extra: list[str] | None = None, launcher: list[str] | None = None):
+        """`primary`, `standby` or `interval` None: not given as flags (a --config file in
+        `extra` sets them)."""
         # A command the agent is started under (the demo's makes it die with the demo).
         self.launcher = launcher or []
         self.metrics_port = free_port()
         self.log_path = Path(log_dir) / f"ccm-agent-{self.metrics_port}.log"
+        flags = {"--primary": primary, "--standby": standby, "--interval": interval}
         self.args = [
             "run",
-            "--primary", primary,
-            "--standby", standby,
-            "--interval", interval,
+            *(part for flag, value in flags.items() if value is not None for part in (flag, value)),
             "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
             "--max-backoff", "2s",
             "--log-level", "info,ccm_agent=debug",
@@ -116,6 +118,15 @@ class AgentProcess:
             except ValueError:
                 continue
         return values
+
+    def readiness(self) -> tuple[int, dict[str, Any]]:
+        """GET /readyz: the HTTP status and the JSON body."""
+        url = f"http://127.0.0.1:{self.metrics_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
 
     def metric(self, name: str, default: float = 0.0) -> float:
         """A metric's value, summed over its label sets (and _total suffixes)."""
