@@ -10,6 +10,7 @@ mod config;
 mod conninfo;
 mod metrics;
 mod node;
+mod notify;
 mod reload;
 mod status;
 mod sync;
@@ -184,6 +185,10 @@ async fn run(
         None => None,
     };
     let mut sync_task = spawn_task("sync", sync::run(config_rx, metrics.clone(), cancel.clone()));
+    // Under systemd (Type=notify): serving now; the watchdog is fed while the loop lives.
+    notify::notify("READY=1");
+    let watchdog_task = notify::watchdog_period()
+        .map(|period| spawn_task("watchdog", feed_watchdog(period, metrics.clone(), cancel.clone())));
 
     // Wait for shutdown, or for the sync task to end on its own (which only a bug makes happen).
     let mut failed = false;
@@ -203,7 +208,9 @@ async fn run(
         }
         None => pending.push(("sync", sync_task)),
     }
+    notify::notify("STOPPING=1");
     pending.extend(metrics_task.map(|t| ("metrics", t)));
+    pending.extend(watchdog_task.map(|t| ("watchdog", t)));
     pending.push(("reload", reload_task));
     for (name, task) in pending {
         match tokio::time::timeout(SHUTDOWN_GRACE, task).await {
@@ -222,6 +229,22 @@ async fn run(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Sends WATCHDOG=1 every half period while the sync loop shows life within the period, so
+/// that systemd restarts an agent whose loop hangs (never one that waits for a node).
+async fn feed_watchdog(period: Duration, metrics: Arc<Metrics>, cancel: CancellationToken) -> anyhow::Result<()> {
+    let mut tick = tokio::time::interval(period / 2);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        match metrics.since_heartbeat() {
+            Some(age) if age < period => notify::notify("WATCHDOG=1"),
+            age => warn!(?age, "the sync loop shows no life; not feeding systemd's watchdog"),
+        }
+    }
 }
 
 async fn sync_once(

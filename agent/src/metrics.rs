@@ -102,6 +102,8 @@ struct Readiness {
     last_progress: Mutex<Option<Instant>>,
     /// How long without progress is not ready (set from the configuration).
     stale_after_ms: AtomicU64,
+    /// When the sync loop last went round (also while the nodes are down): the watchdog.
+    last_heartbeat: Mutex<Option<Instant>>,
 }
 
 type SlotLabels = [(&'static str, String); 1];
@@ -283,6 +285,19 @@ impl Metrics {
     /// A node answered a call of the loop.
     pub fn progress(&self) {
         *self.readiness.last_progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// The sync loop is alive (called every round, answered or not).
+    pub fn heartbeat(&self) {
+        *self.readiness.last_heartbeat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// Time since the loop last showed life: a round, or a node's answer within a long cycle.
+    pub fn since_heartbeat(&self) -> Option<Duration> {
+        let r = &self.readiness;
+        let beat = *r.last_heartbeat.lock().unwrap_or_else(|e| e.into_inner());
+        let answer = *r.last_progress.lock().unwrap_or_else(|e| e.into_inner());
+        beat.into_iter().chain(answer).map(|at| at.elapsed()).min()
     }
 
     /// After how long without progress /readyz says not ready.

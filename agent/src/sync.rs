@@ -31,6 +31,7 @@ use crate::backoff::Backoff;
 use crate::config::{format_duration, Config};
 use crate::metrics::{coverage, saturating_i64, Metrics, Stage};
 use crate::node::{self, ConnectOptions, ErrorClass, Node, NodeError, PrewarmResult, Side};
+use crate::notify;
 
 /// What one cycle did.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -549,6 +550,7 @@ pub async fn run(
         "sync loop started"
     );
     while !cancel.is_cancelled() {
+        metrics.heartbeat();
         // `changed()` below marks a new value as seen, so compare instead of asking
         // `has_changed()`.
         let latest = config.borrow_and_update().clone();
@@ -562,6 +564,12 @@ pub async fn run(
             Ok(report) => {
                 backoff.reset();
                 log_cycle(&report);
+                notify::notify(&format!(
+                    "STATUS=coverage {:.1}% of {} hot blocks, {} loaded in the last cycle",
+                    report.coverage() * 100.0,
+                    report.hot_buffers,
+                    report.loaded
+                ));
                 cfg.interval.saturating_sub(started.elapsed())
             }
             Err(CycleError::Cancelled) => break,

@@ -44,11 +44,12 @@ class AgentProcess:
     """`ccm-agent run` in the background, with its log in a file."""
 
     def __init__(self, primary: str | None, standby: str | None, log_dir: Path, interval: str | None = "200ms",
-                 extra: list[str] | None = None, launcher: list[str] | None = None):
+                 extra: list[str] | None = None, launcher: list[str] | None = None, env: dict[str, str] | None = None):
         """`primary`, `standby` or `interval` None: not given as flags (a --config file in
         `extra` sets them)."""
         # A command the agent is started under (the demo's makes it die with the demo).
         self.launcher = launcher or []
+        self.env = {**os.environ, **(env or {})}
         self.metrics_port = free_port()
         self.log_path = Path(log_dir) / f"ccm-agent-{self.metrics_port}.log"
         flags = {"--primary": primary, "--standby": standby, "--interval": interval}
@@ -64,7 +65,8 @@ class AgentProcess:
 
     def start(self) -> "AgentProcess":
         self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen([*self.launcher, *agent_command(*self.args)], stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen([*self.launcher, *agent_command(*self.args)], stdout=self._log,
+                                        stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + 30
         while True:
             try:

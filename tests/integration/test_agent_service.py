@@ -3,11 +3,16 @@ does its job, /metrics carries its version. Real servers, the real agent process
 
 from __future__ import annotations
 
+import shutil
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 
-from harness.agent import AgentProcess
+import pytest
+
+from harness.agent import AGENT_BIN, ROOT, AgentProcess
 from harness.cluster import Cluster
 
 from test_warmup import wait_for_coverage, warm_primary
@@ -69,3 +74,33 @@ def test_readyz_follows_the_nodes_and_build_info_is_served(cluster, log_dir):
         assert not body["primary_connected"] and "no connection to a primary" in body["reasons"], body
         cluster.primary.start()
         agent.wait_for(lambda: agent.readiness()[0] == 200, "/readyz to recover", timeout=60)
+
+
+def test_systemd_notify_ready_watchdog_stopping(cluster, log_dir, tmp_path):
+    """Type=notify: READY=1 once serving, WATCHDOG=1 while the loop lives, a STATUS line after
+    cycles, STOPPING=1 on SIGTERM, on the socket systemd names in NOTIFY_SOCKET."""
+    path = tmp_path / "notify.sock"
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(str(path))
+    receiver.settimeout(10)
+    env = {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"}
+    messages: list[str] = []
+    with AgentProcess(cluster.primary.conninfo(), cluster.standby.conninfo(), log_dir, env=env) as agent:
+        deadline = time.monotonic() + 10
+        while not ({"READY=1", "WATCHDOG=1"} <= set(messages) and any(m.startswith("STATUS=coverage") for m in messages)):
+            assert time.monotonic() < deadline, messages
+            messages.append(receiver.recv(256).decode())
+        assert messages[0] == "READY=1", messages
+    while not messages[-1] == "STOPPING=1":
+        messages.append(receiver.recv(256).decode())
+    assert agent.process.returncode == 0
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_the_systemd_unit_is_valid(tmp_path):
+    unit = (ROOT / "packaging" / "ccm-agent.service").read_text()
+    # verify checks that ExecStart's binary exists: point it at the one just built.
+    (tmp_path / "ccm-agent.service").write_text(unit.replace("/usr/bin/ccm-agent", str(AGENT_BIN)))
+    result = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "ccm-agent.service")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
