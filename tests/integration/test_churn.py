@@ -71,6 +71,17 @@ def assert_amcheck_passes(node: Node) -> None:
              "WHERE a.amname = 'btree' AND c.relkind = 'i' AND c.relpersistence = 'p'")
 
 
+def assert_nothing_lost(primary: Node, standby: Node) -> None:
+    """The verdict: a clean standby log, the standby still replaying, the same data on both
+    nodes before and after promotion, and amcheck passing on the promoted standby."""
+    assert_clean_log(standby)
+    assert standby.in_recovery()
+    assert_same_data(primary, standby)
+    standby.promote()
+    assert_same_data(primary, standby)
+    assert_amcheck_passes(standby)
+
+
 def wait_for_replay(cluster: Cluster) -> None:
     """Waits until the standby has replayed everything; if it cannot (the standby stopped),
     fails with what the standby logged."""
@@ -149,12 +160,7 @@ def test_prewarm_keeps_what_replay_wrote_after_a_truncation(tmp_path):
         wait_for_replay(cluster)
 
         assert "error" in result or result["row"][0] == len(tail), result
-        assert_clean_log(standby)
-        assert standby.in_recovery()
-        assert_same_data(primary, standby)
-        standby.promote()
-        assert_same_data(primary, standby)
-        assert_amcheck_passes(standby)
+        assert_nothing_lost(primary, standby)
 
 
 class Churn:
@@ -274,12 +280,7 @@ def test_churn_with_the_agent_loses_nothing(tmp_path, log_dir):
             assert agent.metric("ccm_agent_blocks_loaded_total") > 0, agent.log()[-3000:]
             assert agent.alive()
 
-        assert_clean_log(standby)
-        assert standby.in_recovery()
-        assert_same_data(primary, standby)
-        standby.promote()
-        assert_same_data(primary, standby)
-        assert_amcheck_passes(standby)
+        assert_nothing_lost(primary, standby)
 
 
 def test_prewarm_refuses_to_run_on_a_primary(cluster):
