@@ -1,24 +1,67 @@
 //! libpq connection strings, including multi-host ones, resolved host by host.
 //!
 //! tokio-postgres parses both libpq forms (`key=value ...` and `postgresql://` URIs) but only
-//! knows `target_session_attrs` any/read-write/read-only, and when given several hosts it
-//! connects to the first that answers. The agent needs more: the primary side must land on a
-//! node that is not in recovery and the standby side on one that is, so that one string
-//! `host=a,b` on both sides follows a failover. So this module
+//! knows `target_session_attrs` any/read-write/read-only, `sslmode` disable/prefer/require,
+//! no certificate keys and no environment, and when given several hosts it connects to the
+//! first that answers. The agent needs more: the primary side must land on a node that is not
+//! in recovery and the standby side on one that is, so that one string `host=a,b` on both
+//! sides follows a failover; and connections must follow libpq (DESIGN.md). So this module
 //!
-//! 1. strips `target_session_attrs` out of the string itself (both forms) and validates it
-//!    against libpq's full list (any, read-write, read-only, primary, standby, prefer-standby),
-//! 2. lets tokio-postgres parse the rest (one parser of record for every other key),
-//! 3. pairs hosts, hostaddrs and ports exactly as libpq does (no port, one port for all, or
-//!    one per host), filling libpq's environment defaults (PGHOST, PGPORT, PGUSER, ...),
-//! 4. builds one single-host `tokio_postgres::Config` per candidate, so `node.rs` can connect
-//!    to each in turn and ask it `pg_is_in_recovery()`.
+//! 1. strips the keys it handles itself out of the string (both forms): `target_session_attrs`
+//!    (validated against libpq's six values), `sslmode` (all six), `sslrootcert`, `sslcert`,
+//!    `sslkey`, `sslsni`, `passfile`, and in URIs the JDBC-style `ssl=true`,
+//! 2. lets tokio-postgres parse the rest (one parser of record for every other key; unknown
+//!    keys stay an error),
+//! 3. fills what the string leaves out from libpq's environment variables (PGHOST, PGHOSTADDR,
+//!    PGPORT, PGUSER, PGDATABASE, PGPASSWORD, PGPASSFILE, PGSSLMODE, PGSSLROOTCERT, PGSSLCERT,
+//!    PGSSLKEY, PGSSLSNI, PGCONNECT_TIMEOUT, PGAPPNAME, PGOPTIONS) and libpq's defaults (the
+//!    Unix-socket directory as host, `~/.pgpass`, `~/.postgresql/` for certificates),
+//! 4. pairs hosts, hostaddrs and ports exactly as libpq does (no port, one port for all, or
+//!    one per host),
+//! 5. builds one single-host `tokio_postgres::Config` per candidate, so `node.rs` can connect
+//!    to each in turn (with `tls::TlsSettings` for its TLS and the password file for its
+//!    password) and ask it `pg_is_in_recovery()`.
 
+use std::ffi::CStr;
 use std::fmt;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use tokio_postgres::config::{Config as PgConfig, Host};
+use tokio_postgres::config::{Config as PgConfig, Host, SslMode as PgSslMode, SslNegotiation};
+
+use crate::pgpass;
+use crate::tls::{SslMode, TlsSettings};
+
+/// The keys this module takes out of a string before tokio-postgres sees it.
+const OWN_KEYS: &[&str] = &[
+    "target_session_attrs",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "sslsni",
+    "passfile",
+];
+
+/// libpq's smallest connect_timeout: 1 s is taken as 2 s.
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The Unix-socket directory used when a string names no host, as libpq's compiled-in
+/// default: /var/run/postgresql where it exists (Debian, Ubuntu, Red Hat, the official
+/// container images), else /tmp (PostgreSQL's own default).
+pub fn default_socket_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let debian = Path::new("/var/run/postgresql");
+        if debian.is_dir() {
+            debian.to_path_buf()
+        } else {
+            PathBuf::from("/tmp")
+        }
+    })
+}
 
 /// The value libpq calls `target_session_attrs`, all six of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,29 +159,58 @@ impl fmt::Display for HostSpec {
 }
 
 /// A parsed connection string, ready to be tried host by host.
+/// No field holds a secret in clear in `Debug` output: tokio-postgres redacts the password,
+/// and the password file is only a path.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     config: PgConfig,
     target_session_attrs: Option<TargetSessionAttrs>,
     load_balance_random: bool,
     hosts: Vec<HostSpec>,
+    tls: TlsSettings,
+    /// The password file to consult when no password is given (None: no home directory).
+    passfile: Option<PathBuf>,
+}
+
+/// A password read from the password file, and which file it came from (for libpq's hint
+/// on a failed password).
+#[derive(Clone, PartialEq, Eq)]
+pub struct FilePassword {
+    pub password: String,
+    pub file: PathBuf,
+}
+
+impl fmt::Debug for FilePassword {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FilePassword")
+            .field("password", &"****")
+            .field("file", &self.file)
+            .finish()
+    }
 }
 
 impl ConnInfo {
     /// Parses with libpq's environment defaults taken from the process environment.
     pub fn parse(conninfo: &str) -> Result<Self, ConnInfoError> {
-        Self::parse_with_env(conninfo, &|key| {
-            std::env::var(key).ok().filter(|v| !v.is_empty())
-        })
+        Self::parse_with_env(conninfo, &process_env)
     }
 
-    /// Parses with environment defaults from `env` (tests pass a fixed map).
+    /// Parses with environment defaults from `env` (tests pass a fixed map). `HOME` and
+    /// `USER` are asked for too (the process's fall back to the password database).
     pub fn parse_with_env(
         conninfo: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConnInfoError> {
-        let (stripped, tsa) = strip_target_session_attrs(conninfo)?;
-        let target_session_attrs = match tsa {
+        let (stripped, own) = strip_keys(conninfo, OWN_KEYS)?;
+        let last = |key: &str| -> Option<String> {
+            own.iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+        };
+        // Empty values mean "not set", as in libpq (target_session_attrs excepted: validated).
+        let given = |key: &str| last(key).filter(|v| !v.is_empty());
+        let target_session_attrs = match last("target_session_attrs") {
             None => None,
             Some(v) => {
                 Some(TargetSessionAttrs::parse(&v).ok_or(ConnInfoError::TargetSessionAttrs(v))?)
@@ -153,11 +225,19 @@ impl ConnInfo {
             config.get_load_balance_hosts(),
             tokio_postgres::config::LoadBalanceHosts::Random
         );
+        let home = env("HOME").map(PathBuf::from);
+        let tls = tls_settings(&config, &given, env, home.clone())?;
+        let passfile = given("passfile")
+            .or_else(|| env("PGPASSFILE"))
+            .map(PathBuf::from)
+            .or_else(|| home.map(|h| h.join(".pgpass")));
         Ok(ConnInfo {
             config,
             target_session_attrs,
             load_balance_random,
             hosts,
+            tls,
+            passfile,
         })
     }
 
@@ -175,6 +255,38 @@ impl ConnInfo {
         self.target_session_attrs
     }
 
+    /// The TLS settings, for every host of the string.
+    pub fn tls(&self) -> &TlsSettings {
+        &self.tls
+    }
+
+    #[cfg(test)]
+    pub fn passfile(&self) -> Option<&Path> {
+        self.passfile.as_deref()
+    }
+
+    /// The password for `host` from the password file, when the string and PGPASSWORD give
+    /// none (libpq's order). Reads the file now (call it per connection attempt).
+    pub fn passfile_password(&self, host: &HostSpec) -> Option<FilePassword> {
+        if self.config.get_password().is_some() {
+            return None;
+        }
+        let file = self.passfile.as_ref()?;
+        let user = self.config.get_user()?;
+        let database = self.config.get_dbname().unwrap_or(user);
+        let host_name = pgpass_host(host);
+        let lookup = pgpass::Lookup {
+            host: &host_name,
+            port: host.port,
+            database,
+            user,
+        };
+        pgpass::password_from_file(file, &lookup).map(|password| FilePassword {
+            password,
+            file: file.clone(),
+        })
+    }
+
     #[cfg(test)]
     pub fn dbname(&self) -> Option<&str> {
         self.config.get_dbname()
@@ -186,12 +298,14 @@ impl ConnInfo {
     }
 
     /// A single-host configuration for `host`, carrying every other setting of the string.
-    /// `connect_timeout` applies unless the string sets its own; `application_name` always
-    /// wins, so the agent's sessions are recognizable in pg_stat_activity.
+    /// `connect_timeout` applies unless the string (or PGCONNECT_TIMEOUT) sets its own, at
+    /// least 2 s as in libpq; `application_name` is the string's (or PGAPPNAME), else
+    /// `fallback_application_name` (libpq's fallback_application_name). TLS is off
+    /// (`sslmode` disable): the caller sets the mode of each attempt (see node.rs).
     pub fn host_config(
         &self,
         host: &HostSpec,
-        application_name: &str,
+        fallback_application_name: &str,
         connect_timeout: Duration,
     ) -> PgConfig {
         let src = &self.config;
@@ -208,14 +322,18 @@ impl ConnInfo {
         if let Some(options) = src.get_options() {
             c.options(options);
         }
-        c.application_name(application_name);
-        c.ssl_mode(src.get_ssl_mode());
+        c.application_name(
+            src.get_application_name()
+                .unwrap_or(fallback_application_name),
+        );
+        c.ssl_mode(PgSslMode::Disable);
         c.ssl_negotiation(src.get_ssl_negotiation());
         c.channel_binding(src.get_channel_binding());
         c.connect_timeout(
             src.get_connect_timeout()
                 .copied()
-                .unwrap_or(connect_timeout),
+                .unwrap_or(connect_timeout)
+                .max(MIN_CONNECT_TIMEOUT),
         );
         if let Some(t) = src.get_tcp_user_timeout() {
             c.tcp_user_timeout(*t);
@@ -228,15 +346,20 @@ impl ConnInfo {
         if let Some(r) = src.get_keepalives_retries() {
             c.keepalives_retries(r);
         }
-        match &host.host {
-            Some(Host::Tcp(h)) => {
+        match (&host.host, host.hostaddr) {
+            (Some(Host::Tcp(h)), _) => {
                 c.host(h);
             }
             #[cfg(unix)]
-            Some(Host::Unix(p)) => {
+            (Some(Host::Unix(p)), _) => {
                 c.host_path(p);
             }
-            None => {}
+            // tokio-postgres needs a host name to start TLS; the address stands in (the
+            // verifier knows there is no host name, see tls.rs).
+            (None, Some(addr)) => {
+                c.host(addr.to_string());
+            }
+            (None, None) => {}
         }
         if let Some(addr) = host.hostaddr {
             c.hostaddr(addr);
@@ -246,16 +369,66 @@ impl ConnInfo {
     }
 }
 
+/// The process environment, with libpq's fallbacks for the home directory and the user name
+/// (the password database entry of the effective user).
+fn process_env(key: &str) -> Option<String> {
+    let value = std::env::var(key).ok().filter(|v| !v.is_empty());
+    match key {
+        "HOME" => value.or_else(|| passwd_entry().map(|(_, home)| home)),
+        "USER" => value.or_else(|| passwd_entry().map(|(name, _)| name)),
+        _ => value,
+    }
+}
+
+/// The effective user's name and home directory from the password database.
+fn passwd_entry() -> Option<(String, String)> {
+    let mut buf = vec![0 as libc::c_char; 16384];
+    // SAFETY: getpwuid_r writes only into `pwd` and `buf` (whose length it is given) and
+    // sets `result` to `&mut pwd` or null; the strings read below point into `buf`, which
+    // outlives them.
+    unsafe {
+        let mut pwd: libc::passwd = std::mem::zeroed();
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(
+            libc::geteuid(),
+            &mut pwd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut result,
+        );
+        if rc != 0 || result.is_null() || pwd.pw_name.is_null() || pwd.pw_dir.is_null() {
+            return None;
+        }
+        Some((
+            CStr::from_ptr(pwd.pw_name).to_string_lossy().into_owned(),
+            CStr::from_ptr(pwd.pw_dir).to_string_lossy().into_owned(),
+        ))
+    }
+}
+
 /// libpq's environment fallbacks for what the string leaves out. tokio-postgres reads no
 /// environment, yet operators expect `PGHOST=... ccm-agent` to behave like psql.
 fn apply_env_defaults(
     config: &mut PgConfig,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), ConnInfoError> {
-    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
-        let hosts = env("PGHOST").unwrap_or_else(|| "localhost".to_string());
-        for h in hosts.split(',') {
-            config.host(if h.is_empty() { "localhost" } else { h });
+    // host and hostaddr fall back separately, as in libpq; entries left empty (or no entry
+    // at all) mean the default socket directory (see pair_hosts).
+    if config.get_hosts().is_empty() {
+        if let Some(hosts) = env("PGHOST") {
+            for h in hosts.split(',') {
+                config.host(h);
+            }
+        }
+    }
+    if config.get_hostaddrs().is_empty() {
+        if let Some(addrs) = env("PGHOSTADDR") {
+            for a in addrs.split(',') {
+                let addr = a.trim().parse().map_err(|_| {
+                    ConnInfoError::Invalid(format!("invalid PGHOSTADDR value \"{addrs}\""))
+                })?;
+                config.hostaddr(addr);
+            }
         }
     }
     if config.get_ports().is_empty() {
@@ -290,7 +463,96 @@ fn apply_env_defaults(
             config.password(pw);
         }
     }
+    if config.get_connect_timeout().is_none() {
+        if let Some(text) = env("PGCONNECT_TIMEOUT") {
+            let seconds: i64 = text.trim().parse().map_err(|_| {
+                ConnInfoError::Invalid(format!("invalid PGCONNECT_TIMEOUT value \"{text}\""))
+            })?;
+            if seconds > 0 {
+                config.connect_timeout(Duration::from_secs(seconds as u64));
+            }
+        }
+    }
+    if config.get_application_name().is_none() {
+        if let Some(name) = env("PGAPPNAME") {
+            config.application_name(name);
+        }
+    }
+    if config.get_options().is_none() {
+        if let Some(options) = env("PGOPTIONS") {
+            config.options(options);
+        }
+    }
     Ok(())
+}
+
+/// `sslmode` and friends, from the string, else the environment, else libpq's defaults;
+/// with libpq's consistency checks.
+fn tls_settings(
+    config: &PgConfig,
+    given: &dyn Fn(&str) -> Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+    home: Option<PathBuf>,
+) -> Result<TlsSettings, ConnInfoError> {
+    let setting = |key: &str, var: &str| given(key).or_else(|| env(var));
+    let rootcert = setting("sslrootcert", "PGSSLROOTCERT");
+    let system = rootcert.as_deref() == Some("system");
+    let mode = match setting("sslmode", "PGSSLMODE") {
+        Some(text) => SslMode::parse(&text).ok_or_else(|| {
+            ConnInfoError::Invalid(format!(
+                "invalid sslmode value: \"{text}\" (expected disable, allow, prefer, require, \
+                 verify-ca or verify-full)"
+            ))
+        })?,
+        // libpq 16+: the system's roots are only for verify-full, which they then default to.
+        None if system => SslMode::VerifyFull,
+        None => SslMode::Prefer,
+    };
+    if system && mode != SslMode::VerifyFull {
+        return Err(ConnInfoError::Invalid(format!(
+            "weak sslmode \"{mode}\" may not be used with sslrootcert=system (use \"verify-full\")"
+        )));
+    }
+    if config.get_ssl_negotiation() == SslNegotiation::Direct
+        && !matches!(
+            mode,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull
+        )
+    {
+        return Err(ConnInfoError::Invalid(format!(
+            "weak sslmode \"{mode}\" may not be used with sslnegotiation=direct \
+             (use \"require\", \"verify-ca\", or \"verify-full\")"
+        )));
+    }
+    let sni = match setting("sslsni", "PGSSLSNI").as_deref() {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(other) => {
+            return Err(ConnInfoError::Invalid(format!(
+                "invalid sslsni value: \"{other}\" (expected 0 or 1)"
+            )))
+        }
+    };
+    Ok(TlsSettings {
+        mode,
+        rootcert,
+        cert: setting("sslcert", "PGSSLCERT").map(PathBuf::from),
+        key: setting("sslkey", "PGSSLKEY").map(PathBuf::from),
+        sni,
+        home,
+    })
+}
+
+/// The host name the password file is searched for (libpq: `host`, else `hostaddr`;
+/// `localhost` for the default socket directory).
+fn pgpass_host(host: &HostSpec) -> String {
+    match (&host.host, host.hostaddr) {
+        (Some(Host::Tcp(h)), _) if !h.is_empty() => h.clone(),
+        #[cfg(unix)]
+        (Some(Host::Unix(p)), _) if p.as_path() != default_socket_dir() => p.display().to_string(),
+        (Some(Host::Tcp(_)), Some(addr)) | (None, Some(addr)) => addr.to_string(),
+        _ => "localhost".to_string(),
+    }
 }
 
 /// Pairs hosts, hostaddrs and ports the way libpq does.
@@ -303,7 +565,8 @@ fn pair_hosts(config: &PgConfig) -> Result<Vec<HostSpec>, ConnInfoError> {
             hosts: hosts.len(),
         });
     }
-    let n = hosts.len().max(addrs.len());
+    // No host at all stands for one: the default.
+    let n = hosts.len().max(addrs.len()).max(1);
     let ports = config.get_ports();
     let port_for = |i: usize| -> Result<u16, ConnInfoError> {
         match ports.len() {
@@ -315,9 +578,15 @@ fn pair_hosts(config: &PgConfig) -> Result<Vec<HostSpec>, ConnInfoError> {
     };
     (0..n)
         .map(|i| {
+            let hostaddr = addrs.get(i).copied();
+            let host = hosts.get(i).cloned().and_then(empty_host_is_none);
             Ok(HostSpec {
-                host: hosts.get(i).cloned().and_then(empty_host_is_none),
-                hostaddr: addrs.get(i).copied(),
+                // Neither host nor hostaddr: libpq's default, the Unix-socket directory.
+                host: match (host, hostaddr) {
+                    (None, None) => Some(Host::Unix(default_socket_dir().to_path_buf())),
+                    (host, _) => host,
+                },
+                hostaddr,
                 port: port_for(i)?,
             })
         })
@@ -338,44 +607,66 @@ fn is_uri(s: &str) -> bool {
 
 /// Removes target_session_attrs from a connection string of either form; returns the rest
 /// and the removed value (the last one wins, as in libpq).
+#[cfg(test)]
 pub fn strip_target_session_attrs(
     conninfo: &str,
 ) -> Result<(String, Option<String>), ConnInfoError> {
-    if is_uri(conninfo) {
-        return Ok(strip_uri_param(conninfo.trim(), "target_session_attrs"));
-    }
-    let pairs = parse_key_values(conninfo)?;
-    let mut found = None;
-    let mut kept = Vec::with_capacity(pairs.len());
-    for (k, v) in pairs {
-        if k == "target_session_attrs" {
-            found = Some(v);
-        } else {
-            kept.push((k, v));
-        }
-    }
-    Ok((join_key_values(&kept), found))
+    let (rest, removed) = strip_keys(conninfo, &["target_session_attrs"])?;
+    Ok((rest, removed.into_iter().last().map(|(_, v)| v)))
 }
 
-/// Removes every `name=...` parameter from a URI's query; returns the URI and the last value.
-fn strip_uri_param(uri: &str, name: &str) -> (String, Option<String>) {
+/// Removes every `keys` parameter from a connection string of either form; returns the rest
+/// and the removed pairs in order (values unquoted or percent-decoded). In a URI, libpq's
+/// JDBC-compatible `ssl=true` is returned as `sslmode=require` where it stands (so the last
+/// of the two wins, as in libpq).
+pub fn strip_keys(
+    conninfo: &str,
+    keys: &[&str],
+) -> Result<(String, Vec<(String, String)>), ConnInfoError> {
+    if is_uri(conninfo) {
+        let (uri, mut removed) = strip_uri_params(conninfo.trim(), &[keys, &["ssl"]].concat());
+        for (k, v) in removed.iter_mut() {
+            if k == "ssl" {
+                if v != "true" {
+                    return Err(ConnInfoError::Invalid(format!(
+                        "invalid URI query parameter ssl={v} \
+                         (only ssl=true, meaning sslmode=require, is accepted)"
+                    )));
+                }
+                *k = "sslmode".to_string();
+                *v = "require".to_string();
+            }
+        }
+        return Ok((uri, removed));
+    }
+    let pairs = parse_key_values(conninfo)?;
+    let (removed, kept): (Vec<_>, Vec<_>) = pairs
+        .into_iter()
+        .partition(|(k, _)| keys.contains(&k.as_str()));
+    Ok((join_key_values(&kept), removed))
+}
+
+/// Removes every parameter named in `names` from a URI's query; returns the URI and the
+/// removed pairs in order.
+fn strip_uri_params(uri: &str, names: &[&str]) -> (String, Vec<(String, String)>) {
     let Some((base, query)) = uri.split_once('?') else {
-        return (uri.to_string(), None);
+        return (uri.to_string(), Vec::new());
     };
-    let mut found = None;
+    let mut removed = Vec::new();
     let mut kept: Vec<&str> = Vec::new();
     for param in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = param.split_once('=').unwrap_or((param, ""));
-        if percent_decode(k) == name {
-            found = Some(percent_decode(v));
+        let key = percent_decode(k);
+        if names.contains(&key.as_str()) {
+            removed.push((key, percent_decode(v)));
         } else {
             kept.push(param);
         }
     }
     if kept.is_empty() {
-        (base.to_string(), found)
+        (base.to_string(), removed)
     } else {
-        (format!("{base}?{}", kept.join("&")), found)
+        (format!("{base}?{}", kept.join("&")), removed)
     }
 }
 
@@ -484,7 +775,14 @@ fn quote_value(v: &str) -> String {
     q
 }
 
-/// The string with any password replaced by `****`, for logs and `check-config`.
+/// Keys whose values are secrets: libpq's `password` and `sslpassword` (the latter is not
+/// supported, and so rejected, but must not be echoed either).
+fn is_secret_key(key: &str) -> bool {
+    key == "password" || key == "sslpassword"
+}
+
+/// The string with any password replaced by `****`, for logs and `check-config`. The
+/// password file is named, never read, by anything that prints.
 pub fn mask_password(conninfo: &str) -> String {
     const MASK: &str = "****";
     if is_uri(conninfo) {
@@ -509,7 +807,7 @@ pub fn mask_password(conninfo: &str) -> String {
                 let params: Vec<String> = query
                     .split('&')
                     .map(|p| match p.split_once('=') {
-                        Some((k, _)) if percent_decode(k) == "password" => format!("{k}={MASK}"),
+                        Some((k, _)) if is_secret_key(&percent_decode(k)) => format!("{k}={MASK}"),
                         _ => p.to_string(),
                     })
                     .collect();
@@ -524,7 +822,7 @@ pub fn mask_password(conninfo: &str) -> String {
             let masked: Vec<(String, String)> = pairs
                 .into_iter()
                 .map(|(k, v)| {
-                    if k == "password" {
+                    if is_secret_key(&k) {
                         (k, MASK.to_string())
                     } else {
                         (k, v)
@@ -541,7 +839,6 @@ pub fn mask_password(conninfo: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     fn unix(p: &str) -> Host {
         Host::Unix(PathBuf::from(p))
@@ -689,7 +986,19 @@ mod tests {
             labels("host=a,b hostaddr=10.0.0.1,10.0.0.2 port=1,2"),
             vec!["a:1", "b:2"]
         );
-        assert_eq!(labels("dbname=x"), vec!["localhost:5432"]);
+        // No host: libpq's default, the Unix-socket directory.
+        assert_eq!(
+            labels("dbname=x"),
+            vec![format!("{}:5432", default_socket_dir().display())]
+        );
+        assert_eq!(
+            labels("host=a,,b"),
+            vec![
+                "a:5432".to_string(),
+                format!("{}:5432", default_socket_dir().display()),
+                "b:5432".to_string()
+            ]
+        );
     }
 
     #[test]
@@ -796,6 +1105,255 @@ mod tests {
         assert!(Standby.compatible_with_recovery(true) && !Standby.compatible_with_recovery(false));
         assert!(PreferStandby.compatible_with_recovery(true));
         assert!(ReadOnly.compatible_with_recovery(true));
+    }
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn tls_keys_in_both_forms() {
+        let c = parse(
+            "host=a sslmode=verify-full sslrootcert=/etc/ca.crt sslcert=/c.crt sslkey=/c.key sslsni=0",
+        );
+        let t = c.tls();
+        assert_eq!(t.mode, SslMode::VerifyFull);
+        assert_eq!(t.rootcert.as_deref(), Some("/etc/ca.crt"));
+        assert_eq!(t.cert.as_deref(), Some(Path::new("/c.crt")));
+        assert_eq!(t.key.as_deref(), Some(Path::new("/c.key")));
+        assert!(!t.sni);
+        let c = parse("postgresql://u@a:1,b:2/db?sslmode=verify-ca&sslrootcert=%2Fetc%2Fca.crt&sslsni=1&connect_timeout=3");
+        assert_eq!(c.tls().mode, SslMode::VerifyCa);
+        assert_eq!(c.tls().rootcert.as_deref(), Some("/etc/ca.crt"));
+        assert!(c.tls().sni);
+        assert_eq!(c.hosts().len(), 2);
+        // Every sslmode libpq knows; the default is prefer.
+        for m in [
+            "disable",
+            "allow",
+            "prefer",
+            "require",
+            "verify-ca",
+            "verify-full",
+        ] {
+            assert_eq!(parse(&format!("host=a sslmode={m}")).tls().mode.as_str(), m);
+        }
+        assert_eq!(parse("host=a").tls().mode, SslMode::Prefer);
+        assert_eq!(parse("host=a sslmode=''").tls().mode, SslMode::Prefer);
+        // The last of several wins, as in libpq.
+        assert_eq!(
+            parse("host=a sslmode=disable sslmode=require").tls().mode,
+            SslMode::Require
+        );
+        // JDBC's ssl=true in URIs means require.
+        assert_eq!(
+            parse("postgresql://a/db?ssl=true").tls().mode,
+            SslMode::Require
+        );
+        assert_eq!(
+            parse("postgresql://a/db?ssl=true&sslmode=verify-full")
+                .tls()
+                .mode,
+            SslMode::VerifyFull
+        );
+        assert!(ConnInfo::parse_with_env("postgresql://a/db?ssl=yes", &no_env).is_err());
+    }
+
+    #[test]
+    fn tls_values_are_checked_like_libpq() {
+        let err = |s: &str| {
+            ConnInfo::parse_with_env(s, &no_env)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            err("host=a sslmode=verify_full").contains("invalid sslmode value: \"verify_full\"")
+        );
+        assert!(err("host=a sslsni=yes").contains("invalid sslsni value"));
+        // sslrootcert=system: verify-full by default, and nothing weaker.
+        assert_eq!(
+            parse("host=a sslrootcert=system").tls().mode,
+            SslMode::VerifyFull
+        );
+        assert!(err("host=a sslrootcert=system sslmode=verify-ca")
+            .contains("weak sslmode \"verify-ca\" may not be used with sslrootcert=system"));
+        assert!(err("host=a sslnegotiation=direct")
+            .contains("weak sslmode \"prefer\" may not be used with sslnegotiation=direct"));
+        assert_eq!(
+            parse("host=a sslnegotiation=direct sslmode=require")
+                .tls()
+                .mode,
+            SslMode::Require
+        );
+        // Keys libpq has and the agent does not support stay errors, never silently ignored.
+        for key in ["sslcrl=/x", "sslpassword=x", "sslcertmode=allow", "bogus=1"] {
+            assert!(
+                ConnInfo::parse_with_env(&format!("host=a {key}"), &no_env).is_err(),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn tls_environment_and_home_defaults() {
+        static ENV: &[(&str, &str)] = &[
+            ("PGSSLMODE", "verify-ca"),
+            ("PGSSLROOTCERT", "/env/root.crt"),
+            ("PGSSLCERT", "/env/c.crt"),
+            ("PGSSLKEY", "/env/c.key"),
+            ("PGSSLSNI", "0"),
+            ("HOME", "/home/ccm"),
+        ];
+        let env = env_of(ENV);
+        let c = ConnInfo::parse_with_env("host=a", &env).unwrap();
+        let t = c.tls();
+        assert_eq!(t.mode, SslMode::VerifyCa);
+        assert_eq!(t.rootcert.as_deref(), Some("/env/root.crt"));
+        assert_eq!(t.cert.as_deref(), Some(Path::new("/env/c.crt")));
+        assert_eq!(t.key.as_deref(), Some(Path::new("/env/c.key")));
+        assert!(!t.sni);
+        assert_eq!(t.home.as_deref(), Some(Path::new("/home/ccm")));
+        assert_eq!(c.passfile(), Some(Path::new("/home/ccm/.pgpass")));
+        // The string wins over the environment.
+        let c =
+            ConnInfo::parse_with_env("host=a sslmode=require sslsni=1 passfile=/p", &env).unwrap();
+        assert_eq!(c.tls().mode, SslMode::Require);
+        assert!(c.tls().sni);
+        assert_eq!(c.passfile(), Some(Path::new("/p")));
+        // PGSSLMODE counts as set: with sslrootcert=system it must say verify-full.
+        static SYSTEM: &[(&str, &str)] = &[("PGSSLMODE", "require"), ("PGSSLROOTCERT", "system")];
+        assert!(ConnInfo::parse_with_env("host=a", &env_of(SYSTEM)).is_err());
+        // PGPASSFILE over the home directory's .pgpass.
+        static PASSFILE: &[(&str, &str)] = &[("PGPASSFILE", "/etc/ccm/pgpass"), ("HOME", "/h")];
+        let c = ConnInfo::parse_with_env("host=a", &env_of(PASSFILE)).unwrap();
+        assert_eq!(c.passfile(), Some(Path::new("/etc/ccm/pgpass")));
+        // No home directory: no default files.
+        assert_eq!(parse("host=a").passfile(), None);
+    }
+
+    #[test]
+    fn other_environment_variables() {
+        static ENV: &[(&str, &str)] = &[
+            ("PGCONNECT_TIMEOUT", "7"),
+            ("PGAPPNAME", "from-env"),
+            ("PGOPTIONS", "-c work_mem=1MB"),
+            ("PGHOSTADDR", "10.0.0.9"),
+            ("PGHOST", "db1"),
+        ];
+        let env = env_of(ENV);
+        let c = ConnInfo::parse_with_env("user=u", &env).unwrap();
+        let host = &c.hosts()[0];
+        assert_eq!(host.host, Some(Host::Tcp("db1".into())));
+        assert_eq!(host.hostaddr, Some("10.0.0.9".parse().unwrap()));
+        let hc = c.host_config(host, "ccm-agent", Duration::from_secs(9));
+        assert_eq!(hc.get_connect_timeout(), Some(&Duration::from_secs(7)));
+        assert_eq!(hc.get_application_name(), Some("from-env"));
+        assert_eq!(hc.get_options(), Some("-c work_mem=1MB"));
+        // The string's own values win; the agent's name is only the fallback.
+        let c = ConnInfo::parse_with_env(
+            "host=x user=u connect_timeout=1 application_name=mine options='-c a=b'",
+            &env,
+        )
+        .unwrap();
+        let hc = c.host_config(&c.hosts()[0], "ccm-agent", Duration::from_secs(9));
+        assert_eq!(hc.get_application_name(), Some("mine"));
+        assert_eq!(hc.get_options(), Some("-c a=b"));
+        // libpq's minimum connect_timeout is 2 s.
+        assert_eq!(hc.get_connect_timeout(), Some(&Duration::from_secs(2)));
+        assert_eq!(c.hosts()[0].hostaddr, Some("10.0.0.9".parse().unwrap()));
+        static BAD: &[(&str, &str)] = &[("PGCONNECT_TIMEOUT", "soon")];
+        assert!(ConnInfo::parse_with_env("host=a", &env_of(BAD)).is_err());
+    }
+
+    #[test]
+    fn hostaddr_only_gets_a_host_for_tls() {
+        let c = parse("hostaddr=127.0.0.1 port=5");
+        let hc = c.host_config(&c.hosts()[0], "ccm-agent", Duration::from_secs(9));
+        assert_eq!(hc.get_hosts(), &[Host::Tcp("127.0.0.1".into())]);
+        assert_eq!(
+            hc.get_hostaddrs(),
+            &["127.0.0.1".parse::<IpAddr>().unwrap()]
+        );
+        // The TLS mode of each attempt is the caller's: off until it says otherwise.
+        assert_eq!(hc.get_ssl_mode(), PgSslMode::Disable);
+    }
+
+    #[test]
+    fn password_file_lookups_follow_libpq() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("ccm-agent-conninfo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pgpass");
+        std::fs::write(
+            &file,
+            "db1:5432:app:ccm:by-host\n\
+             10.0.0.9:6000:*:ccm:by-hostaddr\n\
+             localhost:5432:ccm:ccm:by-socket-and-default-db\n\
+             /other/sockets:5432:*:ccm:by-socket-path\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let passfile = format!("passfile={}", file.display());
+        let password = |s: &str| -> Option<String> {
+            let c = parse(&format!("{s} {passfile}"));
+            let host = c.hosts()[0].clone();
+            c.passfile_password(&host).map(|p| {
+                assert_eq!(p.file, file);
+                p.password
+            })
+        };
+        assert_eq!(
+            password("host=db1 user=ccm dbname=app").as_deref(),
+            Some("by-host")
+        );
+        // host wins over hostaddr when both are given; hostaddr alone is looked up.
+        assert_eq!(
+            password("host=db1 hostaddr=10.0.0.9 port=6000 user=ccm dbname=app"),
+            None
+        );
+        assert_eq!(
+            password("hostaddr=10.0.0.9 port=6000 user=ccm dbname=app").as_deref(),
+            Some("by-hostaddr")
+        );
+        // The default socket directory is `localhost`; dbname defaults to the user name.
+        assert_eq!(
+            password("user=ccm").as_deref(),
+            Some("by-socket-and-default-db")
+        );
+        assert_eq!(
+            password(&format!("host={} user=ccm", default_socket_dir().display())).as_deref(),
+            Some("by-socket-and-default-db")
+        );
+        assert_eq!(
+            password("host=/other/sockets user=ccm dbname=x").as_deref(),
+            Some("by-socket-path")
+        );
+        // A password in the string (or PGPASSWORD) wins: the file is not read.
+        assert_eq!(
+            password("host=db1 user=ccm dbname=app password=given"),
+            None
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn file_passwords_are_not_printed() {
+        let p = FilePassword {
+            password: "hunter2".into(),
+            file: PathBuf::from("/p"),
+        };
+        assert!(!format!("{p:?}").contains("hunter2"));
+        let c = parse("host=a user=u password=hunter2 sslkey=/k");
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert_eq!(
+            mask_password("host=a sslpassword=hunter2 passfile=/p"),
+            "host=a sslpassword=**** passfile=/p"
+        );
     }
 
     #[test]

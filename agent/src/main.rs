@@ -11,9 +11,11 @@ mod conninfo;
 mod metrics;
 mod node;
 mod notify;
+mod pgpass;
 mod reload;
 mod status;
 mod sync;
+mod tls;
 
 use std::future::Future;
 use std::io::IsTerminal;

@@ -4,23 +4,34 @@
 //! `statement_timeout` bounds every call, `lock_timeout=1s` and
 //! `idle_in_transaction_session_timeout=10s` are a second line of defence (the agent opens no
 //! explicit transaction and takes no lock), and `application_name=ccm-agent` makes the
-//! sessions easy to find in pg_stat_activity. Every call also has a client-side deadline, so
-//! a node that stops answering without closing the socket (a partition, a SIGSTOPped server)
-//! is noticed, and every call gives way to shutdown by cancelling its statement server-side.
+//! sessions easy to find in pg_stat_activity (unless the string or PGAPPNAME names them, as
+//! libpq's fallback_application_name). Every call also has a client-side deadline, so a node
+//! that stops answering without closing the socket (a partition, a SIGSTOPped server) is
+//! noticed, and every call gives way to shutdown by cancelling its statement server-side.
+//!
+//! Connections follow libpq's `sslmode` (see tls.rs for certificates): `disable` plain;
+//! `allow` plain, then TLS if the server refuses the plain session before authentication
+//! completes; `prefer` TLS if the server offers it, then plain if the handshake or the
+//! authentication over TLS fails; `require`, `verify-ca` and `verify-full` TLS or nothing.
+//! Unix sockets never use TLS (the server refuses it there; libpq does not ask). Cancel
+//! requests go out with the TLS settings of the session they cancel.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
+use tokio_postgres::config::{Host, SslMode as PgSslMode};
 use tokio_postgres::error::{DbError, Severity, SqlState};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
+use tokio_postgres::{AsyncMessage, Client, Connection, Row, Socket, Statement};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::conninfo::{ConnInfo, HostSpec};
+use crate::tls::{Failure, MakeTls, SslMode, TlsStream};
 
 pub const APPLICATION_NAME: &str = "ccm-agent";
 
@@ -83,10 +94,22 @@ pub struct NodeFacts {
 /// chain format) shows each message once.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    #[error("{host}: cannot connect: {}", describe(.error))]
+    #[error("{host}: cannot connect: {}{}", describe(.error), passfile_hint(.error, .passfile.as_ref()))]
     Connect {
         host: String,
         error: tokio_postgres::Error,
+        /// The password file the password came from, if it did (libpq's hint).
+        passfile: Option<PathBuf>,
+    },
+    /// TLS could not be set up (a file), negotiated or verified; the reason says which.
+    #[error("{host}: TLS: {reason}")]
+    Tls { host: String, reason: String },
+    /// `sslmode=prefer` or `allow` tried both ways; both failures are told.
+    #[error("{first}; then {then_how}: {then}")]
+    Retried {
+        first: Box<NodeError>,
+        then_how: &'static str,
+        then: Box<NodeError>,
     },
     #[error("{host}: connection attempt timed out after {}", humantime::format_duration(*.after))]
     ConnectTimeout { host: String, after: Duration },
@@ -116,6 +139,16 @@ pub enum NodeError {
     NoMatch { side: Side, tried: String },
     #[error("cancelled")]
     Cancelled,
+}
+
+/// libpq's hint when a password from the password file is refused.
+fn passfile_hint(error: &tokio_postgres::Error, passfile: Option<&PathBuf>) -> String {
+    match (error.code(), passfile) {
+        (Some(code), Some(file)) if *code == SqlState::INVALID_PASSWORD => {
+            format!(" (password retrieved from file \"{}\")", file.display())
+        }
+        _ => String::new(),
+    }
 }
 
 /// A database error as "ERROR: message (SQLSTATE xxxxx)", other errors as tokio-postgres says.
@@ -171,6 +204,7 @@ impl NodeError {
             NodeError::Query { error, .. } | NodeError::Connect { error, .. } => {
                 error.as_db_error()
             }
+            NodeError::Retried { then, .. } => then.db_error(),
             _ => None,
         }
     }
@@ -384,6 +418,8 @@ pub struct Node {
     pub host: HostSpec,
     pub facts: NodeFacts,
     client: Client,
+    /// The TLS settings the session was made with, for its cancel requests.
+    tls: MakeTls,
     options: ConnectOptions,
     cancel: CancellationToken,
     /// Prepared once per session: the loop runs the same few statements every second.
@@ -400,6 +436,185 @@ impl fmt::Debug for Node {
     }
 }
 
+type PgConnection = Connection<Socket, TlsStream<Socket>>;
+
+/// One host's connection attempts, by libpq's `sslmode` rules.
+struct Session<'a> {
+    info: &'a ConnInfo,
+    host: &'a HostSpec,
+    label: &'a str,
+    config: tokio_postgres::Config,
+    passfile: Option<PathBuf>,
+    timeout: Duration,
+}
+
+/// SQLSTATEs a server sends before authentication completes (libpq retries only then):
+/// pg_hba.conf and authentication failures (class 28), protocol and connection errors
+/// (class 08), too many connections (class 53), and the server starting up or shutting
+/// down (57P03).
+fn refused_before_auth(error: &tokio_postgres::Error) -> bool {
+    error.code().is_some_and(|code| {
+        let code = code.code();
+        code.starts_with("28")
+            || code.starts_with("08")
+            || code.starts_with("53")
+            || code == "57P03"
+    })
+}
+
+impl Session<'_> {
+    async fn establish(&self) -> Result<(Client, PgConnection, MakeTls), NodeError> {
+        // libpq asks for no TLS over a Unix socket (the server would refuse it anyway).
+        let mode = match self.host.host {
+            #[cfg(unix)]
+            Some(Host::Unix(_)) => SslMode::Disable,
+            _ => self.info.tls().mode,
+        };
+        match mode {
+            SslMode::Disable => self.attempt(PgSslMode::Disable, MakeTls::plain()).await,
+            SslMode::Allow => match self.attempt(PgSslMode::Disable, MakeTls::plain()).await {
+                Err(first) if first.connect_error().is_some_and(refused_before_auth) => {
+                    debug!(
+                        host = %self.label,
+                        "plain session refused ({first}); trying TLS (sslmode=allow)"
+                    );
+                    self.retry(first, "with TLS (sslmode=allow)", PgSslMode::Require)
+                        .await
+                }
+                r => r,
+            },
+            SslMode::Prefer => {
+                let tls = self.info.tls().connector_deferring_errors(self.host);
+                match self.attempt(PgSslMode::Prefer, tls.clone()).await {
+                    Err(first)
+                        if tls.handshake_failed()
+                            || (tls.handshake_started()
+                                && first.connect_error().is_some_and(refused_before_auth)) =>
+                    {
+                        debug!(
+                            host = %self.label,
+                            "TLS session failed ({first}); trying without TLS (sslmode=prefer)"
+                        );
+                        self.retry(first, "without TLS (sslmode=prefer)", PgSslMode::Disable)
+                            .await
+                    }
+                    r => r,
+                }
+            }
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                self.attempt(PgSslMode::Require, self.connector()?).await
+            }
+        }
+    }
+
+    fn connector(&self) -> Result<MakeTls, NodeError> {
+        self.info
+            .tls()
+            .connector(self.host)
+            .map_err(|e| NodeError::Tls {
+                host: self.label.to_string(),
+                reason: e.to_string(),
+            })
+    }
+
+    async fn retry(
+        &self,
+        first: NodeError,
+        then_how: &'static str,
+        mode: PgSslMode,
+    ) -> Result<(Client, PgConnection, MakeTls), NodeError> {
+        let tls = match mode {
+            PgSslMode::Disable => MakeTls::plain(),
+            _ => self.info.tls().connector_deferring_errors(self.host),
+        };
+        self.attempt(mode, tls)
+            .await
+            .map_err(|then| NodeError::Retried {
+                first: Box::new(first),
+                then_how,
+                then: Box::new(then),
+            })
+    }
+
+    async fn attempt(
+        &self,
+        mode: PgSslMode,
+        tls: MakeTls,
+    ) -> Result<(Client, PgConnection, MakeTls), NodeError> {
+        let mut config = self.config.clone();
+        config.ssl_mode(mode);
+        let label = self.label.to_string();
+        match tokio::time::timeout(self.timeout, config.connect(tls.clone())).await {
+            Err(_) => Err(NodeError::ConnectTimeout {
+                host: label,
+                after: self.timeout,
+            }),
+            Ok(Ok((client, connection))) => Ok((client, connection, tls)),
+            Ok(Err(error)) => Err(attempt_error(
+                label,
+                error,
+                &tls,
+                mode,
+                self.passfile.clone(),
+            )),
+        }
+    }
+}
+
+/// A failed attempt's error, told the way libpq tells it when TLS is the reason.
+fn attempt_error(
+    host: String,
+    error: tokio_postgres::Error,
+    tls: &MakeTls,
+    mode: PgSslMode,
+    passfile: Option<PathBuf>,
+) -> NodeError {
+    match tls.failure() {
+        Some(Failure::Verify(reason)) => {
+            return NodeError::Tls {
+                host,
+                reason: format!("certificate verify failed: {reason}"),
+            }
+        }
+        Some(Failure::Setup(reason)) => return NodeError::Tls { host, reason },
+        None => {}
+    }
+    if tls.handshake_failed() {
+        return NodeError::Tls {
+            host,
+            reason: format!("handshake failed: {}", describe(&error)),
+        };
+    }
+    // tokio-postgres' error when the server answers the SSL request with 'N'.
+    if mode == PgSslMode::Require
+        && !tls.handshake_started()
+        && error.as_db_error().is_none()
+        && error
+            .to_string()
+            .starts_with("error performing TLS handshake")
+    {
+        return NodeError::Tls {
+            host,
+            reason: "server does not support SSL, but SSL was required".to_string(),
+        };
+    }
+    NodeError::Connect {
+        host,
+        error,
+        passfile,
+    }
+}
+
+impl NodeError {
+    /// The tokio-postgres error of a failed connection attempt.
+    fn connect_error(&self) -> Option<&tokio_postgres::Error> {
+        match self {
+            NodeError::Connect { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
 impl Node {
     /// Connects to one host, sets the session up and reads its facts. The role is not
     /// judged here (see `resolve`).
@@ -411,16 +626,22 @@ impl Node {
         cancel: &CancellationToken,
     ) -> Result<Node, NodeError> {
         let label = host.to_string();
-        let config = info.host_config(host, APPLICATION_NAME, options.connect_timeout);
-        // NoTls for now: sslmode=require fails to connect; TLS support is an open item.
-        let connecting = tokio::time::timeout(options.connect_timeout, config.connect(NoTls));
-        let (client, mut connection) = tokio::select! {
+        let mut config = info.host_config(host, APPLICATION_NAME, options.connect_timeout);
+        let passfile = info.passfile_password(host).map(|p| {
+            config.password(p.password);
+            p.file
+        });
+        let session = Session {
+            info,
+            host,
+            label: &label,
+            config,
+            passfile,
+            timeout: options.connect_timeout,
+        };
+        let (client, mut connection, tls) = tokio::select! {
             _ = cancel.cancelled() => return Err(NodeError::Cancelled),
-            r = connecting => match r {
-                Err(_) => return Err(NodeError::ConnectTimeout { host: label, after: options.connect_timeout }),
-                Ok(Err(error)) => return Err(NodeError::Connect { host: label, error }),
-                Ok(Ok(pair)) => pair,
-            },
+            r = session.establish() => r?,
         };
         // The connection object does the I/O; it ends by itself when the client is dropped.
         let conn_label = label.clone();
@@ -451,6 +672,7 @@ impl Node {
                 server_version: String::new(),
             },
             client,
+            tls,
             options,
             cancel: cancel.clone(),
             statements: HashMap::new(),
@@ -548,7 +770,8 @@ impl Node {
     /// lost" instead.
     async fn cancel_running<T>(&self, call: std::pin::Pin<&mut impl Future<Output = T>>) {
         let token = self.client.cancel_token();
-        let cancelled = tokio::time::timeout(CANCEL_GRACE, token.cancel_query(NoTls)).await;
+        let cancelled =
+            tokio::time::timeout(CANCEL_GRACE, token.cancel_query(self.tls.clone())).await;
         if matches!(cancelled, Ok(Ok(()))) {
             let _ = tokio::time::timeout(CANCEL_GRACE, call).await;
         }
@@ -888,6 +1111,113 @@ mod tests {
             message.contains("127.0.0.1:1") && message.contains("127.0.0.2:1"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn tls_error_messages() {
+        let e = NodeError::Tls {
+            host: "db1:5432".into(),
+            reason: "certificate verify failed: certificate is not signed by the CA in /r.crt"
+                .into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "db1:5432: TLS: certificate verify failed: certificate is not signed by the CA in /r.crt"
+        );
+        assert!(e.breaks_connection());
+        let e = NodeError::Retried {
+            first: Box::new(e),
+            then_how: "without TLS (sslmode=prefer)",
+            then: Box::new(NodeError::ConnectTimeout {
+                host: "db1:5432".into(),
+                after: Duration::from_secs(2),
+            }),
+        };
+        assert_eq!(
+            e.to_string(),
+            "db1:5432: TLS: certificate verify failed: certificate is not signed by the CA in \
+             /r.crt; then without TLS (sslmode=prefer): db1:5432: connection attempt timed out \
+             after 2s"
+        );
+    }
+
+    /// A server that answers the SSL request with 'N' (ssl=off), then hangs up.
+    async fn server_without_ssl() -> (u16, tokio::task::JoinHandle<usize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let mut accepted = 0;
+            while let Ok(Ok((mut socket, _))) =
+                tokio::time::timeout(Duration::from_millis(500), listener.accept()).await
+            {
+                accepted += 1;
+                let mut request = [0u8; 8];
+                if socket.read_exact(&mut request).await.is_ok()
+                    && request == [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]
+                {
+                    let _ = socket.write_all(b"N").await;
+                }
+            }
+            accepted
+        });
+        (port, task)
+    }
+
+    #[tokio::test]
+    async fn a_server_without_ssl_is_refused_when_ssl_is_required() {
+        let (port, server) = server_without_ssl().await;
+        let info = ConnInfo::parse_with_env(
+            &format!("host=127.0.0.1 port={port} user=u dbname=d sslmode=require"),
+            &|_| None,
+        )
+        .unwrap();
+        let options = ConnectOptions {
+            connect_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(1),
+        };
+        let host = info.hosts()[0].clone();
+        let err = Node::connect(
+            &info,
+            &host,
+            Side::Primary,
+            options,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("127.0.0.1:{port}: TLS: server does not support SSL, but SSL was required")
+        );
+        assert_eq!(server.await.unwrap(), 1, "one attempt, no retry");
+    }
+
+    #[tokio::test]
+    async fn allow_retries_with_tls_only_when_the_server_refuses() {
+        // A server that hangs up is no refusal: allow makes one plain attempt only.
+        let (port, server) = server_without_ssl().await;
+        let info = ConnInfo::parse_with_env(
+            &format!("host=127.0.0.1 port={port} user=u dbname=d sslmode=allow"),
+            &|_| None,
+        )
+        .unwrap();
+        let options = ConnectOptions {
+            connect_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(1),
+        };
+        let host = info.hosts()[0].clone();
+        let err = Node::connect(
+            &info,
+            &host,
+            Side::Primary,
+            options,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, NodeError::Connect { .. }), "{err}");
+        assert_eq!(server.await.unwrap(), 1);
     }
 
     #[tokio::test]
