@@ -35,6 +35,35 @@ pub enum Command {
     Status(StatusArgs),
     /// Validate the configuration and print it as TOML (passwords masked).
     CheckConfig(CheckConfigArgs),
+    /// Print a shell completion script or the man page, generated from these options.
+    Generate(GenerateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(subcommand)]
+    pub what: Generated,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum Generated {
+    /// A completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// The man page ccm-agent(1), in roff.
+    Man,
+}
+
+/// Writes what `generate` asks for to `out`.
+pub fn generate(what: &Generated, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    match what {
+        Generated::Completions { shell } => {
+            clap_complete::generate(*shell, &mut command, "ccm-agent", out);
+            Ok(())
+        }
+        Generated::Man => clap_mangen::Man::new(command).render(out),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -205,5 +234,27 @@ mod tests {
             Command::CheckConfig(CheckConfigArgs { connect: true })
         ));
         assert!(Cli::try_parse_from(["ccm-agent", "sync", "--max-cycles", "0"]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod generate_tests {
+    use super::*;
+
+    fn generated(what: Generated) -> String {
+        let mut out = Vec::new();
+        generate(&what, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn man_page_and_completions_come_from_the_options() {
+        let man = generated(Generated::Man);
+        assert!(man.contains(".TH ccm-agent 1"), "{man}");
+        assert!(man.contains("metrics\\-listen"), "every option is documented");
+        for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
+            let script = generated(Generated::Completions { shell });
+            assert!(script.contains("check-config") && script.contains("--standby"), "{shell}: {script}");
+        }
     }
 }

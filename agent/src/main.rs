@@ -40,6 +40,16 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Needs no configuration: for packagers, on a machine without one.
+    if let Command::Generate(args) = &cli.command {
+        return match cli::generate(&args.what, &mut std::io::stdout().lock()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ccm-agent: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cfg = match Config::load(&cli.global) {
         Ok(cfg) => cfg,
         Err(e) => {
@@ -112,6 +122,7 @@ async fn async_main(cli: Cli, cfg: Arc<Config>, set_log_level: reload::SetLogLev
         }
         Command::Status(args) => status(cfg, cancel, args.output).await,
         Command::CheckConfig(args) => check_config(cfg, cancel, args.connect).await,
+        Command::Generate(_) => unreachable!("handled before the configuration is loaded"),
     };
     match result {
         Ok(code) => code,
