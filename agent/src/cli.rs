@@ -254,7 +254,7 @@ mod generate_tests {
         assert!(man.contains("metrics\\-listen"), "every option is documented");
         for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
             let script = generated(Generated::Completions { shell });
-            assert!(script.contains("check-config") && script.contains("--standby"), "{shell}: {script}");
+            assert!(script.contains("check-config") && script.contains("standby"), "{shell}: {script}");
         }
     }
 }
