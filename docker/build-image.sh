@@ -1,52 +1,114 @@
 #!/usr/bin/env bash
-# Builds the image `pg_ccm:local` (PostgreSQL 15 + pg_ccm + ccm-agent) without a registry:
-# a Debian bookworm root filesystem from debootstrap (cached under ~/.cache/pg_ccm), our
-# installed artifacts copied in, then `docker import`. Skips the build when an image with
-# the same artifacts exists. Users with a registry can use docker/Dockerfile instead.
+# Builds the images of the compose demo and of the package test without a registry:
+#
+#   pg_ccm-base:local  Debian 12: `debootstrap --variant=minbase bookworm` with postgresql-15,
+#                      nothing of pg_ccm (tests/integration/test_packages.py installs the .debs
+#                      in it). The root filesystem is cached under ~/.cache/pg_ccm, then
+#                      `docker import`ed.
+#   pg_ccm:local       docker/Dockerfile on top of it: the installed extension (scripts/install.sh),
+#                      target/release/ccm-agent, the entry point, the healthcheck, the user
+#                      ccm-agent. Users with a registry build the same Dockerfile on the official
+#                      postgres image instead (see its header).
+#
+# Each image is skipped when it is up to date (labels with the digests of what went in).
+#
+#   docker/build-image.sh [--base-only]
+#
+# PG_CCM_IMAGE and PG_CCM_BASE_IMAGE name the images; DEBIAN_MIRROR is debootstrap's mirror
+# (default: the mirror this machine's apt sources use for bookworm).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 IMAGE=${PG_CCM_IMAGE:-pg_ccm:local}
+BASE_IMAGE=${PG_CCM_BASE_IMAGE:-pg_ccm-base:local}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/pg_ccm
 BASE_TAR=$CACHE/rootfs-bookworm-postgresql15.tar
-PKGLIB=$(/usr/lib/postgresql/15/bin/pg_config --pkglibdir)
-SHAREDIR=$(/usr/lib/postgresql/15/bin/pg_config --sharedir)
-AGENT=$ROOT/target/release/ccm-agent
+BASE_ONLY=0
+case "${1:-}" in
+    --base-only) BASE_ONLY=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--base-only]" >&2; exit 2 ;;
+esac
 
-artifacts=("$PKGLIB/pg_ccm.so" "$SHAREDIR"/extension/pg_ccm* "$AGENT" "$ROOT/docker/entrypoint.sh")
-for file in "${artifacts[@]}"; do
-    [ -e "$file" ] || { echo "missing $file: run scripts/install.sh first" >&2; exit 1; }
-done
-digest=$(cat "${artifacts[@]}" | sha256sum | cut -c1-16)
-if [ "$(docker image inspect -f '{{ index .Config.Labels "pg_ccm.artifacts" }}' "$IMAGE" 2>/dev/null)" = "$digest" ]; then
-    echo "$IMAGE is up to date ($digest)"
-    exit 0
-fi
+label() {  # label IMAGE KEY: the value of a label of a local image, empty without one
+    docker image inspect -f "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true
+}
 
+# The first URI of a `deb` source for bookworm in this machine's apt configuration, deb822
+# (.sources) or one-line (.list) style.
+debian_mirror() {
+    local file uri
+    for file in /etc/apt/sources.list.d/*.sources; do
+        [ -r "$file" ] || continue
+        uri=$(awk 'BEGIN { RS = ""; FS = "\n" }
+            {
+                types = uris = suites = ""
+                for (i = 1; i <= NF; i++) {
+                    if ($i ~ /^#/) continue
+                    split($i, kv, ":"); key = tolower(kv[1]); value = substr($i, length(kv[1]) + 2)
+                    gsub(/^[ \t]+|[ \t]+$/, "", value)
+                    if (key == "types") types = " " value " "
+                    else if (key == "uris") uris = value
+                    else if (key == "suites") suites = " " value " "
+                    else if (key == "enabled" && value == "no") types = ""
+                }
+                if (types ~ / deb / && suites ~ / bookworm /) { split(uris, u, /[ \t]+/); print u[1]; exit }
+            }' "$file")
+        [ -n "$uri" ] && { echo "$uri"; return; }
+    done
+    for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [ -r "$file" ] || continue
+        uri=$(sed -E 's/\[[^]]*\]//' "$file" | awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }')
+        [ -n "$uri" ] && { echo "$uri"; return; }
+    done
+    return 1
+}
+
+# --- pg_ccm-base:local -------------------------------------------------------------------------
 if [ ! -s "$BASE_TAR" ]; then
     command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
+    mirror=${DEBIAN_MIRROR:-$(debian_mirror)} ||
+        { echo "no bookworm source in /etc/apt: set DEBIAN_MIRROR to a Debian mirror" >&2; exit 1; }
     mkdir -p "$CACHE"
     rootfs=$(mktemp -d)
     echo "==> debootstrap bookworm with postgresql-15 (once; cached in $BASE_TAR)"
-    debootstrap --variant=minbase --include=postgresql-15 bookworm "$rootfs" http://deb.debian.org/debian >/dev/null
-    # The package's own cluster is not used: the entry point makes its own.
+    debootstrap --variant=minbase --include=postgresql-15 bookworm "$rootfs" "$mirror" >/dev/null
+    # The package's own cluster is not used: the entry point (or the test) makes its own.
     rm -rf "$rootfs"/var/lib/postgresql/15 "$rootfs"/etc/postgresql/15 "$rootfs"/var/cache/apt/archives/*.deb
     tar -C "$rootfs" -cf "$BASE_TAR.tmp" .
-    mv "$BASE_TAR.tmp" "$BASE_TAR"
     rm -rf "$rootfs"
+    sha256sum < "$BASE_TAR.tmp" | cut -c1-16 > "$BASE_TAR.id"
+    mv "$BASE_TAR.tmp" "$BASE_TAR"
 fi
+[ -s "$BASE_TAR.id" ] || sha256sum < "$BASE_TAR" | cut -c1-16 > "$BASE_TAR.id"
+base_id=$(cat "$BASE_TAR.id")
+if [ "$(label "$BASE_IMAGE" pg_ccm.rootfs)" = "$base_id" ]; then
+    echo "$BASE_IMAGE is up to date ($base_id)"
+else
+    echo "==> docker import $BASE_IMAGE"
+    docker import \
+        --change 'ENV PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'CMD ["/bin/bash"]' \
+        --change "LABEL pg_ccm.rootfs=$base_id" \
+        "$BASE_TAR" "$BASE_IMAGE" >/dev/null
+    echo "$BASE_IMAGE built ($base_id)"
+fi
+[ "$BASE_ONLY" = 1 ] && exit 0
 
-staging=$(mktemp -d)
-trap 'rm -rf "$staging"' EXIT
-tar -C "$staging" -xf "$BASE_TAR"
-install -m 755 "$PKGLIB/pg_ccm.so" "$staging/usr/lib/postgresql/15/lib/pg_ccm.so"
-install -m 644 "$SHAREDIR"/extension/pg_ccm* "$staging/usr/share/postgresql/15/extension/"
-install -m 755 "$AGENT" "$staging/usr/local/bin/ccm-agent"
-install -m 755 "$ROOT/docker/entrypoint.sh" "$staging/usr/local/bin/docker-entrypoint.sh"
-echo "==> docker import $IMAGE"
-tar -C "$staging" -c . | docker import \
-    --change 'ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]' \
-    --change 'CMD ["primary"]' \
-    --change 'ENV PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    --change "LABEL pg_ccm.artifacts=$digest" \
-    - "$IMAGE" >/dev/null
+# --- pg_ccm:local ------------------------------------------------------------------------------
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+"$ROOT/docker/stage-artifacts.sh" "$stage" >/dev/null
+digest=$( (echo "$base_id"; cd "$stage" && find . -type f -printf '%m %p\n' | LC_ALL=C sort &&
+          find . -type f -print0 | LC_ALL=C sort -z | xargs -0 cat; cat "$ROOT/docker/Dockerfile") |
+         sha256sum | cut -c1-16)
+if [ "$(label "$IMAGE" pg_ccm.artifacts)" = "$digest" ]; then
+    echo "$IMAGE is up to date ($digest)"
+    exit 0
+fi
+echo "==> docker build $IMAGE (docker/Dockerfile on $BASE_IMAGE)"
+if ! log=$(docker build --build-arg "BASE=$BASE_IMAGE" --label "pg_ccm.artifacts=$digest" \
+        -f "$ROOT/docker/Dockerfile" -t "$IMAGE" "$stage" 2>&1); then
+    echo "$log" >&2
+    exit 1
+fi
 echo "$IMAGE built ($digest)"

@@ -1,7 +1,13 @@
 #!/bin/sh
-# Entry point of the pg_ccm demo image: `primary` initializes (first start) and runs a
-# primary with pg_ccm preloaded; `standby` clones $PRIMARY_HOST with pg_basebackup (first
-# start) and runs it as a streaming standby. PostgreSQL runs as the postgres user.
+# Entry point of the pg_ccm image:
+#   primary          initializes (first start) and runs a primary with pg_ccm preloaded
+#   standby          clones $PRIMARY_HOST with pg_basebackup (first start) and runs it as a
+#                    streaming standby
+#   agent [ARGS...]  runs `ccm-agent ARGS...` (default: `ccm-agent run`) as the unprivileged
+#                    user ccm-agent; `ccm-agent ARGS...` does the same
+#   anything else    is executed as given
+# PostgreSQL runs as the postgres user. Started as a non-root user (`docker run --user`,
+# compose's `user:`), only the agent roles and other commands work.
 #
 # Authentication is `trust` on the compose network: this is a demo, not a deployment.
 set -eu
@@ -40,10 +46,21 @@ init_standby() {
     as_postgres "$PGBIN/pg_basebackup" -h "$PRIMARY_HOST" -U postgres -D "$PGDATA" -R -X stream -c fast
 }
 
-install -d -o postgres -g postgres /var/run/postgresql
 case "${1:-primary}" in
-    primary) [ -s "$PGDATA/PG_VERSION" ] || init_primary ;;
-    standby) [ -s "$PGDATA/PG_VERSION" ] || init_standby ;;
+    agent|ccm-agent)
+        shift
+        [ $# -gt 0 ] || set -- run
+        if [ "$(id -u)" = 0 ]; then
+            exec setpriv --reuid=ccm-agent --regid=ccm-agent --init-groups -- /usr/local/bin/ccm-agent "$@"
+        fi
+        exec /usr/local/bin/ccm-agent "$@"
+        ;;
+    primary|standby)
+        install -d -o postgres -g postgres /var/run/postgresql
+        if [ ! -s "$PGDATA/PG_VERSION" ]; then
+            if [ "${1:-primary}" = primary ]; then init_primary; else init_standby; fi
+        fi
+        exec setpriv --reuid=postgres --regid=postgres --init-groups -- "$PGBIN/postgres" -D "$PGDATA"
+        ;;
     *) exec "$@" ;;
 esac
-exec setpriv --reuid=postgres --regid=postgres --init-groups -- "$PGBIN/postgres" -D "$PGDATA"

@@ -1,4 +1,5 @@
-"""The docker-compose cluster: it comes up, the standby gets warm, a failover works.
+"""The docker-compose cluster: it comes up, the agent runs unprivileged and healthy, the
+standby gets warm, a failover works.
 
 Skipped only where no Docker engine answers. The image is built offline by
 docker/build-image.sh (skipped when it is up to date).
@@ -66,6 +67,10 @@ class Compose:
             time.sleep(1)
 
 
+def docker(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60)
+
+
 @pytest.fixture(scope="module")
 def compose():
     subprocess.run([str(ROOT / "docker" / "build-image.sh")], check=True, timeout=900)
@@ -75,6 +80,30 @@ def compose():
         yield cluster
     finally:
         cluster.run("down", "-v", "--remove-orphans", check=False, timeout=120)
+
+
+def test_agent_runs_as_an_unprivileged_user_and_is_healthy(compose):
+    agent = compose.run("ps", "-q", "ccm-agent").stdout.strip()
+    assert agent, compose.run("ps").stdout
+    # The entry point execs the agent: it is the container's PID 1, no root uid, no capability.
+    assert docker("exec", agent, "cat", "/proc/1/comm").stdout.strip() == "ccm-agent"
+    status = dict(line.split(":", 1) for line in docker("exec", agent, "cat", "/proc/1/status").stdout.splitlines())
+    uids = [int(uid) for uid in status["Uid"].split()]  # real, effective, saved, filesystem
+    assert len(uids) == 4 and 0 not in uids, status["Uid"]
+    assert int(status["CapEff"], 16) == 0, status["CapEff"]
+    assert docker("exec", agent, "getent", "passwd", str(uids[0])).stdout.startswith("ccm-agent:")
+
+    def health(container: str) -> str:
+        return docker("inspect", "-f", "{{.State.Health.Status}}", container).stdout.strip()
+
+    # The image's HEALTHCHECK asks the agent's /healthz; pointed elsewhere it fails.
+    compose.wait(lambda: health(agent) == "healthy", "the agent's healthcheck to pass", timeout=60)
+    assert docker("exec", agent, "pg-ccm-healthcheck").returncode == 0
+    failed = docker("exec", "-e", "CCM_HEALTHCHECK_ADDR=127.0.0.1:1", agent, "pg-ccm-healthcheck")
+    assert failed.returncode == 1, failed
+    # On the PostgreSQL nodes the same HEALTHCHECK is pg_isready.
+    standby = compose.run("ps", "-q", "standby").stdout.strip()
+    compose.wait(lambda: health(standby) == "healthy", "the standby's healthcheck to pass", timeout=120)
 
 
 def test_compose_cluster_warms_the_standby_and_survives_a_failover(compose):
