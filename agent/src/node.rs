@@ -1164,11 +1164,10 @@ mod tests {
         (port, task)
     }
 
-    #[tokio::test]
-    async fn a_server_without_ssl_is_refused_when_ssl_is_required() {
-        let (port, server) = server_without_ssl().await;
+    /// The error of connecting to 127.0.0.1:`port` with `sslmode`.
+    async fn connect_error(port: u16, sslmode: &str) -> NodeError {
         let info = ConnInfo::parse_with_env(
-            &format!("host=127.0.0.1 port={port} user=u dbname=d sslmode=require"),
+            &format!("host=127.0.0.1 port={port} user=u dbname=d sslmode={sslmode}"),
             &|_| None,
         )
         .unwrap();
@@ -1177,15 +1176,15 @@ mod tests {
             statement_timeout: Duration::from_secs(1),
         };
         let host = info.hosts()[0].clone();
-        let err = Node::connect(
-            &info,
-            &host,
-            Side::Primary,
-            options,
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap_err();
+        Node::connect(&info, &host, Side::Primary, options, &CancellationToken::new())
+            .await
+            .unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn a_server_without_ssl_is_refused_when_ssl_is_required() {
+        let (port, server) = server_without_ssl().await;
+        let err = connect_error(port, "require").await;
         assert_eq!(
             err.to_string(),
             format!("127.0.0.1:{port}: TLS: server does not support SSL, but SSL was required")
@@ -1197,25 +1196,7 @@ mod tests {
     async fn allow_retries_with_tls_only_when_the_server_refuses() {
         // A server that hangs up is no refusal: allow makes one plain attempt only.
         let (port, server) = server_without_ssl().await;
-        let info = ConnInfo::parse_with_env(
-            &format!("host=127.0.0.1 port={port} user=u dbname=d sslmode=allow"),
-            &|_| None,
-        )
-        .unwrap();
-        let options = ConnectOptions {
-            connect_timeout: Duration::from_secs(2),
-            statement_timeout: Duration::from_secs(1),
-        };
-        let host = info.hosts()[0].clone();
-        let err = Node::connect(
-            &info,
-            &host,
-            Side::Primary,
-            options,
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap_err();
+        let err = connect_error(port, "allow").await;
         assert!(matches!(err, NodeError::Connect { .. }), "{err}");
         assert_eq!(server.await.unwrap(), 1);
     }
