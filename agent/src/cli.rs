@@ -1,12 +1,14 @@
-//! Command-line surface. Every global option also reads a `CCM_*` environment variable and a
-//! key of the TOML file; all are `Option` here so `config.rs` can tell "not given" from a
-//! default and apply the precedence flag > env > file > default (clap itself already ranks
-//! a flag above its env variable).
+//! Command-line surface. Every configuration key (declared once, in `config.rs`) is also a
+//! global option that reads a `CCM_*` environment variable; all are `Option` so that
+//! `config.rs` can tell "not given" from a default and apply the precedence
+//! flag > env > file > default (clap itself already ranks a flag above its env variable).
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
+
+use crate::config::RawConfig;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -104,67 +106,15 @@ pub enum LogFormat {
     Json,
 }
 
-/// Options shared by all commands; `global` so they may follow the subcommand too.
+/// Options shared by all commands; `global` so they may follow the subcommand too. The
+/// configuration keys themselves are declared in `config.rs` (`config_keys!`).
 #[derive(Debug, Default, Args)]
 pub struct GlobalArgs {
     /// TOML configuration file (same keys as the flags, in snake_case).
     #[arg(long, env = "CCM_CONFIG", global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Connection string of the primary (libpq key=value or URI; multi-host allowed).
-    #[arg(
-        long,
-        env = "CCM_PRIMARY",
-        global = true,
-        value_name = "CONNINFO",
-        hide_env_values = true
-    )]
-    pub primary: Option<String>,
-    /// Connection string of the standby (libpq key=value or URI; multi-host allowed).
-    #[arg(
-        long,
-        env = "CCM_STANDBY",
-        global = true,
-        value_name = "CONNINFO",
-        hide_env_values = true
-    )]
-    pub standby: Option<String>,
-    /// Time between cycle starts [default: 1s].
-    #[arg(long, env = "CCM_INTERVAL", global = true, value_name = "DURATION")]
-    pub interval: Option<String>,
-    /// Address for GET /metrics, /healthz and /readyz, or "off" [default: 127.0.0.1:9935].
-    #[arg(long, env = "CCM_METRICS_LISTEN", global = true, value_name = "ADDR")]
-    pub metrics_listen: Option<String>,
-    /// Log format [default: text].
-    #[arg(long, env = "CCM_LOG_FORMAT", global = true, value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// Log filter, tracing EnvFilter syntax, e.g. "info,ccm_agent=debug" [default: info].
-    #[arg(long, env = "CCM_LOG_LEVEL", global = true, value_name = "FILTER")]
-    pub log_level: Option<String>,
-    /// False positive rate of the standby's bloom filter, 0 < p < 1 [default: 0.01].
-    #[arg(long, env = "CCM_FALSE_POSITIVE_RATE", global = true, value_name = "P")]
-    pub false_positive_rate: Option<f64>,
-    /// Blocks per ccm_prewarm call on the standby [default: 4096].
-    #[arg(long, env = "CCM_BATCH_BLOCKS", global = true, value_name = "N")]
-    pub batch_blocks: Option<u64>,
-    /// Per-host connect timeout [default: 5s].
-    #[arg(
-        long,
-        env = "CCM_CONNECT_TIMEOUT",
-        global = true,
-        value_name = "DURATION"
-    )]
-    pub connect_timeout: Option<String>,
-    /// statement_timeout of the agent's sessions [default: 30s].
-    #[arg(
-        long,
-        env = "CCM_STATEMENT_TIMEOUT",
-        global = true,
-        value_name = "DURATION"
-    )]
-    pub statement_timeout: Option<String>,
-    /// Cap of the reconnect backoff [default: 30s].
-    #[arg(long, env = "CCM_MAX_BACKOFF", global = true, value_name = "DURATION")]
-    pub max_backoff: Option<String>,
+    #[command(flatten)]
+    pub keys: RawConfig,
 }
 
 #[cfg(test)]
@@ -197,8 +147,8 @@ mod tests {
         ])
         .unwrap();
         assert!(matches!(cli.command, Command::Run));
-        assert_eq!(cli.global.primary.as_deref(), Some("host=p"));
-        assert_eq!(cli.global.interval.as_deref(), Some("200ms"));
+        assert_eq!(cli.global.keys.primary.as_deref(), Some("host=p"));
+        assert_eq!(cli.global.keys.interval.as_deref(), Some("200ms"));
     }
 
     #[test]

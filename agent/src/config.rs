@@ -1,9 +1,13 @@
 //! Configuration: flags and `CCM_*` variables (via clap) over a TOML file over defaults,
 //! validated into one typed `Config`.
 //!
-//! Every source is first turned into the same all-`Option` `RawConfig`, so merging is a
-//! field-by-field `or` and validation happens once, on the merged result, with errors that
-//! name the key the operator has to fix whichever source it came from.
+//! Every key is declared once, in the `config_keys!` table below: its name (the TOML key;
+//! the flag is the same in kebab-case), type, `--help` text, environment variable, default
+//! and whether it is a secret. From that one row come the clap option, the TOML file's
+//! field, the merge, the default and the masking in `check-config`'s output. Every source
+//! is the same all-`Option` `RawConfig`, so merging is a field-by-field `or` and validation
+//! happens once, on the merged result, with errors that name the key the operator has to
+//! fix whichever source it came from.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,71 +19,141 @@ use crate::cli::{GlobalArgs, LogFormat};
 use crate::conninfo::{mask_password, ConnInfo};
 use crate::node::Side;
 
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
-/// Not 9187, postgres_exporter's port, which often runs on the same host.
-pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9935";
+/// The default of `log_level`; also what main.rs logs with should a filter not parse.
 pub const DEFAULT_LOG_LEVEL: &str = "info";
-pub const DEFAULT_FALSE_POSITIVE_RATE: f64 = 0.01;
-pub const DEFAULT_BATCH_BLOCKS: u64 = 4096;
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
-pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// One source's settings, every key optional. Also the TOML file's schema: unknown keys are
-/// an error so that a typo (`intervall = "5s"`) is not silently ignored.
-#[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawConfig {
-    pub primary: Option<String>,
-    pub standby: Option<String>,
-    pub interval: Option<String>,
-    pub metrics_listen: Option<String>,
-    pub log_format: Option<LogFormat>,
-    pub log_level: Option<String>,
-    pub false_positive_rate: Option<f64>,
-    pub batch_blocks: Option<u64>,
-    pub connect_timeout: Option<String>,
-    pub statement_timeout: Option<String>,
-    pub max_backoff: Option<String>,
+/// Declares the configuration keys, one row each:
+///
+/// ```text
+/// /// Help text (`--help`, the man page); " [default: …]" is added from the default.
+/// name: Type [more clap #[arg] settings, e.g. env = "CCM_NAME"] masked with fn = default,
+/// ```
+///
+/// Every key is a `--name` flag that may follow the subcommand. `masked with f` marks a
+/// secret: `--help` does not show its variable's value and `check-config` prints `f(value)`.
+/// `= default` is optional; a key without one is required.
+macro_rules! config_keys {
+    (@default) => { None };
+    (@default $default:expr) => { Some(FromDefault::from_default($default)) };
+    ($(
+        $(#[doc = $doc:literal])+
+        $key:ident: $ty:ty [$($arg:tt)*] $(masked with $mask:path)? $(= $default:expr)?,
+    )*) => {
+        /// One source's settings, every key optional. Also the TOML file's schema: unknown
+        /// keys are an error so that a typo (`intervall = "5s"`) is not silently ignored.
+        #[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct RawConfig {
+            $(
+                $(#[doc = $doc])+
+                #[arg(
+                    long,
+                    global = true,
+                    help = help_text(&[$($doc),+], RawConfig::defaults().$key.as_ref()),
+                    $(hide_env_values = secret($mask),)?
+                    $($arg)*
+                )]
+                pub $key: Option<$ty>,
+            )*
+        }
+
+        impl RawConfig {
+            /// Every key, in declaration order.
+            #[cfg_attr(not(test), allow(dead_code))]
+            pub const KEYS: &[&str] = &[$(stringify!($key)),*];
+
+            /// The lowest source: the keys that have a default.
+            pub fn defaults() -> RawConfig {
+                RawConfig { $($key: config_keys!(@default $($default)?),)* }
+            }
+
+            /// `self` where set, else `lower`.
+            pub fn or(self, lower: RawConfig) -> RawConfig {
+                RawConfig { $($key: self.$key.or(lower.$key),)* }
+            }
+
+            /// The secrets replaced by their masked form.
+            fn masked(mut self) -> RawConfig {
+                $($(self.$key = self.$key.as_deref().map($mask);)?)*
+                self
+            }
+        }
+    };
+}
+
+config_keys! {
+    /// Connection string of the primary (libpq key=value or URI; multi-host allowed).
+    primary: String [env = "CCM_PRIMARY", value_name = "CONNINFO"] masked with mask_password,
+    /// Connection string of the standby (libpq key=value or URI; multi-host allowed).
+    standby: String [env = "CCM_STANDBY", value_name = "CONNINFO"] masked with mask_password,
+    /// Time between cycle starts.
+    interval: String [env = "CCM_INTERVAL", value_name = "DURATION"] = "1s",
+    // Not 9187, postgres_exporter's port, which often runs on the same host.
+    /// Address for GET /metrics, /healthz and /readyz, or "off".
+    metrics_listen: String [env = "CCM_METRICS_LISTEN", value_name = "ADDR"] = "127.0.0.1:9935",
+    /// Log format.
+    log_format: LogFormat [env = "CCM_LOG_FORMAT", value_enum] = LogFormat::Text,
+    /// Log filter, tracing EnvFilter syntax, e.g. "info,ccm_agent=debug".
+    log_level: String [env = "CCM_LOG_LEVEL", value_name = "FILTER"] = DEFAULT_LOG_LEVEL,
+    /// False positive rate of the standby's bloom filter, 0 < p < 1.
+    false_positive_rate: f64 [env = "CCM_FALSE_POSITIVE_RATE", value_name = "P"] = 0.01,
+    /// Blocks per ccm_prewarm call on the standby.
+    batch_blocks: u64 [env = "CCM_BATCH_BLOCKS", value_name = "N"] = 4096,
+    /// Per-host connect timeout.
+    connect_timeout: String [env = "CCM_CONNECT_TIMEOUT", value_name = "DURATION"] = "5s",
+    /// statement_timeout of the agent's sessions.
+    statement_timeout: String [env = "CCM_STATEMENT_TIMEOUT", value_name = "DURATION"] = "30s",
+    /// Cap of the reconnect backoff.
+    max_backoff: String [env = "CCM_MAX_BACKOFF", value_name = "DURATION"] = "30s",
 }
 
 impl RawConfig {
-    pub fn from_args(args: &GlobalArgs) -> Self {
-        RawConfig {
-            primary: args.primary.clone(),
-            standby: args.standby.clone(),
-            interval: args.interval.clone(),
-            metrics_listen: args.metrics_listen.clone(),
-            log_format: args.log_format,
-            log_level: args.log_level.clone(),
-            false_positive_rate: args.false_positive_rate,
-            batch_blocks: args.batch_blocks,
-            connect_timeout: args.connect_timeout.clone(),
-            statement_timeout: args.statement_timeout.clone(),
-            max_backoff: args.max_backoff.clone(),
-        }
-    }
-
     pub fn from_toml(text: &str) -> Result<Self, toml::de::Error> {
         toml::from_str(text)
     }
+}
 
-    /// `self` where set, else `lower`.
-    pub fn or(self, lower: RawConfig) -> RawConfig {
-        RawConfig {
-            primary: self.primary.or(lower.primary),
-            standby: self.standby.or(lower.standby),
-            interval: self.interval.or(lower.interval),
-            metrics_listen: self.metrics_listen.or(lower.metrics_listen),
-            log_format: self.log_format.or(lower.log_format),
-            log_level: self.log_level.or(lower.log_level),
-            false_positive_rate: self.false_positive_rate.or(lower.false_positive_rate),
-            batch_blocks: self.batch_blocks.or(lower.batch_blocks),
-            connect_timeout: self.connect_timeout.or(lower.connect_timeout),
-            statement_timeout: self.statement_timeout.or(lower.statement_timeout),
-            max_backoff: self.max_backoff.or(lower.max_backoff),
-        }
+/// How `config_keys!` writes a default: a `&str` for a `String` key, else the value itself.
+trait FromDefault<D> {
+    fn from_default(default: D) -> Self;
+}
+
+impl<T> FromDefault<T> for T {
+    fn from_default(default: T) -> T {
+        default
     }
+}
+
+impl FromDefault<&str> for String {
+    fn from_default(default: &str) -> String {
+        default.to_string()
+    }
+}
+
+/// A key's `--help`: its doc comment as clap shows one (lines joined, no final period),
+/// then the default as the TOML file would say it.
+fn help_text(doc: &[&str], default: Option<&impl Serialize>) -> String {
+    let text = doc.iter().map(|line| line.trim()).collect::<Vec<_>>();
+    let text = text.join(" ");
+    let text = text.strip_suffix('.').unwrap_or(&text);
+    match default {
+        Some(value) => format!("{text} [default: {}]", shown(value)),
+        None => text.to_string(),
+    }
+}
+
+/// A value as an operator writes it after `--flag` (strings without their TOML quotes).
+fn shown(value: &impl Serialize) -> String {
+    match toml::Value::try_from(value) {
+        Ok(toml::Value::String(text)) => text,
+        Ok(other) => other.to_string(),
+        Err(e) => format!("({e})"),
+    }
+}
+
+/// For `config_keys!`: a key with a masking function is a secret.
+fn secret(_mask: fn(&str) -> String) -> bool {
+    true
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,42 +206,35 @@ impl Config {
             Some(path) => read_file(path)?,
             None => RawConfig::default(),
         };
-        Config::validate(RawConfig::from_args(args).or(file))
+        Config::validate(args.keys.clone().or(file))
     }
 
+    /// `raw` over the defaults, checked and typed.
     pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
-        let primary_conninfo = raw.primary.ok_or(ConfigError::Missing { key: "primary" })?;
-        let standby_conninfo = raw.standby.ok_or(ConfigError::Missing { key: "standby" })?;
+        let raw = raw.or(RawConfig::defaults());
+        // The key's value; only a key without a default can be missing.
+        macro_rules! value {
+            ($key:ident) => {
+                raw.$key.ok_or(ConfigError::Missing {
+                    key: stringify!($key),
+                })?
+            };
+        }
+        let primary_conninfo = value!(primary);
+        let standby_conninfo = value!(standby);
         let primary = conninfo("primary", &primary_conninfo, Side::Primary)?;
         let standby = conninfo("standby", &standby_conninfo, Side::Standby)?;
 
-        let interval = duration("interval", raw.interval.as_deref(), DEFAULT_INTERVAL)?;
-        let connect_timeout = duration(
-            "connect_timeout",
-            raw.connect_timeout.as_deref(),
-            DEFAULT_CONNECT_TIMEOUT,
-        )?;
-        let statement_timeout = duration(
-            "statement_timeout",
-            raw.statement_timeout.as_deref(),
-            DEFAULT_STATEMENT_TIMEOUT,
-        )?;
-        let max_backoff = duration(
-            "max_backoff",
-            raw.max_backoff.as_deref(),
-            DEFAULT_MAX_BACKOFF,
-        )?;
+        let interval = duration("interval", &value!(interval))?;
+        let connect_timeout = duration("connect_timeout", &value!(connect_timeout))?;
+        let statement_timeout = duration("statement_timeout", &value!(statement_timeout))?;
+        let max_backoff = duration("max_backoff", &value!(max_backoff))?;
         if statement_timeout < Duration::from_millis(1) {
             // PostgreSQL's unit is the millisecond; less would round to 0 = no timeout at all.
             return Err(invalid("statement_timeout", "must be at least 1ms"));
         }
 
-        let metrics_listen = match raw
-            .metrics_listen
-            .as_deref()
-            .unwrap_or(DEFAULT_METRICS_LISTEN)
-            .trim()
-        {
+        let metrics_listen = match value!(metrics_listen).trim() {
             "off" => None,
             addr => Some(addr.parse::<SocketAddr>().map_err(|_| {
                 invalid(
@@ -177,15 +244,11 @@ impl Config {
             })?),
         };
 
-        let log_level = raw
-            .log_level
-            .unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_string());
+        let log_level = value!(log_level);
         tracing_subscriber::EnvFilter::try_new(&log_level)
             .map_err(|e| invalid("log_level", format!("\"{log_level}\": {e}")))?;
 
-        let false_positive_rate = raw
-            .false_positive_rate
-            .unwrap_or(DEFAULT_FALSE_POSITIVE_RATE);
+        let false_positive_rate = value!(false_positive_rate);
         // The extension refuses rates below this (a filter would grow without bound).
         let min_rate = ccm_codec::FILTER_MIN_FALSE_POSITIVE_RATE;
         if !(min_rate..1.0).contains(&false_positive_rate) {
@@ -195,7 +258,7 @@ impl Config {
             ));
         }
 
-        let batch_blocks = raw.batch_blocks.unwrap_or(DEFAULT_BATCH_BLOCKS);
+        let batch_blocks = value!(batch_blocks);
         if batch_blocks == 0 {
             return Err(invalid("batch_blocks", "must be at least 1"));
         }
@@ -210,7 +273,7 @@ impl Config {
             standby_conninfo,
             interval,
             metrics_listen,
-            log_format: raw.log_format.unwrap_or(LogFormat::Text),
+            log_format: value!(log_format),
             log_level,
             false_positive_rate,
             batch_blocks,
@@ -227,12 +290,11 @@ impl Config {
         }
     }
 
-    /// The effective configuration as a TOML file would say it, passwords masked. It reads
-    /// back as a valid config file (with the real passwords put back).
-    pub fn to_toml_masked(&self) -> String {
-        let effective = RawConfig {
-            primary: Some(mask_password(&self.primary_conninfo)),
-            standby: Some(mask_password(&self.standby_conninfo)),
+    /// The effective configuration as a file would say it, every key set, secrets in clear.
+    fn effective(&self) -> RawConfig {
+        RawConfig {
+            primary: Some(self.primary_conninfo.clone()),
+            standby: Some(self.standby_conninfo.clone()),
             interval: Some(format_duration(self.interval)),
             metrics_listen: Some(match self.metrics_listen {
                 Some(addr) => addr.to_string(),
@@ -245,8 +307,14 @@ impl Config {
             connect_timeout: Some(format_duration(self.connect_timeout)),
             statement_timeout: Some(format_duration(self.statement_timeout)),
             max_backoff: Some(format_duration(self.max_backoff)),
-        };
-        toml::to_string(&effective).expect("a flat struct of strings and numbers serializes")
+        }
+    }
+
+    /// The effective configuration as a TOML file would say it, passwords masked. It reads
+    /// back as a valid config file (with the real passwords put back).
+    pub fn to_toml_masked(&self) -> String {
+        toml::to_string(&self.effective().masked())
+            .expect("a flat struct of strings and numbers serializes")
     }
 }
 
@@ -317,14 +385,7 @@ fn conninfo(key: &'static str, value: &str, side: Side) -> Result<ConnInfo, Conf
     Ok(info)
 }
 
-fn duration(
-    key: &'static str,
-    value: Option<&str>,
-    default: Duration,
-) -> Result<Duration, ConfigError> {
-    let Some(text) = value else {
-        return Ok(default);
-    };
+fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
     let d = humantime::parse_duration(text.trim()).map_err(|e| {
         invalid(
             key,
@@ -430,10 +491,9 @@ mod tests {
             crate::cli::Cli::try_parse_from(["ccm-agent", "run", "--max-backoff", "3s"]).unwrap();
         let without_flag = crate::cli::Cli::try_parse_from(["ccm-agent", "run"]).unwrap();
         std::env::remove_var("CCM_MAX_BACKOFF");
-        let c = Config::validate(RawConfig::from_args(&with_flag.global).or(file.clone())).unwrap();
+        let c = Config::validate(with_flag.global.keys.or(file.clone())).unwrap();
         assert_eq!(c.max_backoff, Duration::from_secs(3));
-        let c =
-            Config::validate(RawConfig::from_args(&without_flag.global).or(file.clone())).unwrap();
+        let c = Config::validate(without_flag.global.keys.or(file.clone())).unwrap();
         assert_eq!(c.max_backoff, Duration::from_secs(7));
         let c = Config::validate(RawConfig::default().or(file)).unwrap();
         assert_eq!(c.max_backoff, Duration::from_secs(9));
@@ -660,7 +720,7 @@ mod tests {
         let raw = RawConfig::from_toml(include_str!("../ccm-agent.example.toml")).unwrap();
         let c = Config::validate(raw).unwrap();
         assert_eq!(c.primary.hosts().len(), 2);
-        assert_eq!(c.batch_blocks, DEFAULT_BATCH_BLOCKS);
+        assert_eq!(Some(c.batch_blocks), RawConfig::defaults().batch_blocks);
     }
 
     #[test]
@@ -689,5 +749,95 @@ mod tests {
         assert_eq!(c2.metrics_listen, None);
         assert_eq!(c2.batch_blocks, c.batch_blocks);
         assert_eq!(c2.statement_timeout, c.statement_timeout);
+    }
+
+    /// Every key set, none to its default, each as `to_toml_masked` writes it. A struct
+    /// literal without `..`: a new key does not compile until it is given a value here.
+    fn every_key() -> RawConfig {
+        RawConfig {
+            primary: Some("host=p port=5432 user=postgres password=secret".into()),
+            standby: Some("postgresql://ccm:hidden@s:5433/postgres".into()),
+            interval: Some("2s".into()),
+            metrics_listen: Some("off".into()),
+            log_format: Some(LogFormat::Json),
+            log_level: Some("info,ccm_agent=debug".into()),
+            false_positive_rate: Some(0.05),
+            batch_blocks: Some(100),
+            connect_timeout: Some("3s".into()),
+            statement_timeout: Some("1m".into()),
+            max_backoff: Some("2m".into()),
+        }
+    }
+
+    fn table(raw: &RawConfig) -> toml::Table {
+        toml::to_string(raw).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn every_key_reaches_the_masked_toml_and_reads_back() {
+        let given = every_key();
+        let (set, defaults) = (table(&given), table(&RawConfig::defaults()));
+        for key in RawConfig::KEYS {
+            assert_ne!(
+                set.get(*key),
+                defaults.get(*key),
+                "{key}: give it a value that is not its default"
+            );
+        }
+        let text = Config::validate(given.clone()).unwrap().to_toml_masked();
+        let written: toml::Table = text.parse().unwrap();
+        let mut keys: Vec<&str> = written.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut expected = RawConfig::KEYS.to_vec();
+        expected.sort_unstable();
+        assert_eq!(keys, expected, "{text}");
+        assert!(
+            !text.contains("secret") && !text.contains("hidden"),
+            "{text}"
+        );
+        let back = RawConfig::from_toml(&text).unwrap();
+        assert_eq!(back, given.masked(), "{text}");
+        assert_eq!(Config::validate(back).unwrap().to_toml_masked(), text);
+    }
+
+    #[test]
+    fn every_key_is_a_flag_and_a_variable() {
+        use clap::CommandFactory;
+        let given = every_key();
+        let (set, masked) = (table(&given), table(&given.clone().masked()));
+        let mut argv = vec!["ccm-agent".to_string(), "run".to_string()];
+        for (key, value) in &set {
+            argv.extend([format!("--{}", key.replace('_', "-")), shown(value)]);
+        }
+        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
+        assert_eq!(cli.global.keys, given);
+
+        let command = crate::cli::Cli::command();
+        let option = |key: &str| {
+            command
+                .get_arguments()
+                .find(|arg| arg.get_id() == key)
+                .unwrap_or_else(|| panic!("{key} is no option"))
+        };
+        for key in RawConfig::KEYS {
+            let arg = option(key);
+            assert_eq!(arg.get_long(), Some(key.replace('_', "-").as_str()));
+            let env = format!("CCM_{}", key.to_uppercase());
+            assert_eq!(arg.get_env(), Some(std::ffi::OsStr::new(&env)), "{key}");
+            assert!(arg.is_global_set(), "{key}");
+            let secret = set.get(*key) != masked.get(*key);
+            assert_eq!(arg.is_hide_env_values_set(), secret, "{key}");
+        }
+        let help = |key: &str| option(key).get_help().unwrap().to_string();
+        assert_eq!(help("interval"), "Time between cycle starts [default: 1s]");
+        assert_eq!(help("log_format"), "Log format [default: text]");
+        assert_eq!(
+            help("false_positive_rate"),
+            "False positive rate of the standby's bloom filter, 0 < p < 1 [default: 0.01]"
+        );
+        assert_eq!(
+            help("primary"),
+            "Connection string of the primary (libpq key=value or URI; multi-host allowed)"
+        );
     }
 }

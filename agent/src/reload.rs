@@ -87,3 +87,13 @@ pub async fn ignore(cancel: CancellationToken) -> anyhow::Result<()> {
         info!("SIGHUP received; this command does not reload");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn restart_only_names_keys() {
+        for key in super::RESTART_ONLY {
+            assert!(crate::config::RawConfig::KEYS.contains(&key), "{key}");
+        }
+    }
+}
