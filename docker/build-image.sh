@@ -33,35 +33,7 @@ label() {  # label IMAGE KEY: the value of a label of a local image, empty witho
     docker image inspect -f "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true
 }
 
-# The first URI of a `deb` source for bookworm in this machine's apt configuration, deb822
-# (.sources) or one-line (.list) style.
-debian_mirror() {
-    local file uri
-    for file in /etc/apt/sources.list.d/*.sources; do
-        [ -r "$file" ] || continue
-        uri=$(awk 'BEGIN { RS = ""; FS = "\n" }
-            {
-                types = uris = suites = ""
-                for (i = 1; i <= NF; i++) {
-                    if ($i ~ /^#/) continue
-                    split($i, kv, ":"); key = tolower(kv[1]); value = substr($i, length(kv[1]) + 2)
-                    gsub(/^[ \t]+|[ \t]+$/, "", value)
-                    if (key == "types") types = " " value " "
-                    else if (key == "uris") uris = value
-                    else if (key == "suites") suites = " " value " "
-                    else if (key == "enabled" && value == "no") types = ""
-                }
-                if (types ~ / deb / && suites ~ / bookworm /) { split(uris, u, /[ \t]+/); print u[1]; exit }
-            }' "$file")
-        [ -n "$uri" ] && { echo "$uri"; return; }
-    done
-    for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-        [ -r "$file" ] || continue
-        uri=$(sed -E 's/\[[^]]*\]//' "$file" | awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }')
-        [ -n "$uri" ] && { echo "$uri"; return; }
-    done
-    return 1
-}
+. "$ROOT/scripts/lib/debian-mirror.sh"
 
 # --- pg_ccm-base:local -------------------------------------------------------------------------
 if [ ! -s "$BASE_TAR" ]; then

@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
-# Builds and installs the extension into the system PostgreSQL 15 and builds ccm-agent
-# (target/release/ccm-agent). Used by the tests and the demo.
+# Builds and installs the extension into PostgreSQL N (/usr/lib/postgresql/N) and builds
+# ccm-agent (target/release/ccm-agent). Used by the tests, the demo and the benchmarks.
 #
+#   --pg N         the major version to install into (default: the newest one installed
+#                  among PG_VERSIONS, scripts/lib/pg-versions.sh)
 #   --test-build   build the extension with the `failpoints` feature (fault injection for
 #                  the race tests, extension/src/failpoints.rs); scripts/test.sh uses it.
 #                  Never deploy such a build.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-FEATURES=()
-case "${1:-}" in
-    --test-build) FEATURES=(--features failpoints) ;;
-    "") ;;
-    *) echo "usage: $0 [--test-build]" >&2; exit 2 ;;
-esac
-(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" "${FEATURES[@]}" >/dev/null)
+. "$ROOT/scripts/lib/pg-versions.sh"
+usage() { echo "usage: $0 [--pg N] [--test-build]" >&2; exit 2; }
+PG_MAJOR=""
+EXTRA_FEATURES=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --pg) [ $# -ge 2 ] || usage; PG_MAJOR=$2; shift 2 ;;
+        --test-build) EXTRA_FEATURES=(failpoints); shift ;;
+        *) usage ;;
+    esac
+done
+PG_MAJOR=${PG_MAJOR:-$(newest_pg_version)}
+PG_CONFIG=$(pg_config_of "$PG_MAJOR")
+[ -x "$PG_CONFIG" ] || { echo "PostgreSQL $PG_MAJOR is not installed ($PG_CONFIG): run scripts/setup.sh" >&2; exit 1; }
+# The pgN feature picks the bindings; the default feature is pg15.
+FEATURES=$(IFS=,; echo "pg$PG_MAJOR${EXTRA_FEATURES[*]:+,${EXTRA_FEATURES[*]}}")
+echo "==> installing pg_ccm into PostgreSQL $PG_MAJOR (features $FEATURES)" >&2
+(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "$FEATURES" >/dev/null)
 # Install scripts of earlier releases too, so that `CREATE EXTENSION pg_ccm VERSION ...` and
 # `ALTER EXTENSION pg_ccm UPDATE` from any release work (pgrx copies only the upgrade scripts).
 install -m 644 sql/pg_ccm--*.sql "$("$PG_CONFIG" --sharedir)/extension/"

@@ -1,35 +1,27 @@
 #!/usr/bin/env bash
 # Installs everything pg_ccm needs to build, test and demo on Debian 12, skipping what is
-# already there (a second run takes seconds): PostgreSQL 15 server, headers and contrib,
-# libclang for bindgen, sudo (cargo pgrx test --runas), vmtouch (page-cache eviction in
-# the demo), cargo-pgrx 0.18.0, the pgrx init against the system pg_config, and the
-# Python packages of the integration tests.
+# already there (a second run takes seconds): PostgreSQL 15 server, headers and contrib from
+# Debian, PostgreSQL 17 and 18 built from Debian's source packages (scripts/build-postgres.sh),
+# libclang for bindgen, sudo (cargo pgrx test --runas), vmtouch (page-cache eviction in the
+# demo), cargo-pgrx 0.18.0, the pgrx init against every installed pg_config, and the Python
+# packages of the integration tests.
+#
+# PG_VERSIONS="15 18" limits the versions (default: all supported, scripts/lib/pg-versions.sh).
+# A version that cannot be had on this machine is reported in one line and left out.
 set -euo pipefail
 
-PG_MAJOR=15
-PG_CONFIG=/usr/lib/postgresql/${PG_MAJOR}/bin/pg_config
 PGRX_VERSION=0.18.0
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$ROOT/scripts/lib/pg-versions.sh"
+. "$ROOT/scripts/lib/apt-packages.sh"
 
 log() { printf '==> %s\n' "$*" >&2; }
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-
 install_apt_packages() {
-    local wanted=(postgresql-${PG_MAJOR} postgresql-server-dev-${PG_MAJOR} postgresql-contrib
-                  libclang-dev clang pkg-config sudo vmtouch python3-pip)
-    local missing=()
-    for pkg in "${wanted[@]}"; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        log "installing Debian packages: ${missing[*]}"
-        as_root apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    fi
-    # The Debian package may start its own cluster on 5432; ours use other ports, so leave it.
+    # 15 always: Debian's package also makes the `postgres` user every server runs as.
+    # The package may start its own cluster on 5432; ours use other ports, so leave it.
+    install_debian_packages "Debian packages" postgresql-15 postgresql-server-dev-15 postgresql-contrib \
+        libclang-dev clang pkg-config sudo vmtouch python3-pip
 }
 
 install_cargo_pgrx() {
@@ -37,10 +29,31 @@ install_cargo_pgrx() {
         log "installing cargo-pgrx ${PGRX_VERSION} (about 13 minutes on 2 cores)"
         cargo install cargo-pgrx --version "${PGRX_VERSION}" --locked --quiet
     fi
-    if ! grep -qs "^pg${PG_MAJOR} = \"${PG_CONFIG}\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-        log "cargo pgrx init --pg${PG_MAJOR} ${PG_CONFIG}"
-        cargo pgrx init --pg${PG_MAJOR} "${PG_CONFIG}" >/dev/null
+    # One init names every version: it rewrites pgrx's config.toml.
+    local version init=() missing=0
+    for version in $(available_pg_versions); do
+        init+=("--pg$version" "$(pg_config_of "$version")")
+        grep -qs "^pg$version = \"$(pg_config_of "$version")\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml" || missing=1
+    done
+    if [ "$missing" = 1 ]; then
+        log "cargo pgrx init ${init[*]}"
+        cargo pgrx init "${init[@]}" >/dev/null
     fi
+}
+
+# PostgreSQL versions other than Debian 12's 15, from Debian's source packages.
+build_other_versions() {
+    local version status
+    for version in $(wanted_pg_versions); do
+        [ "$version" = 15 ] && continue
+        status=0
+        "$ROOT/scripts/build-postgres.sh" "$version" || status=$?
+        case "$status" in
+            0) ;;
+            3) log "PostgreSQL $version cannot be had on this machine: its builds and tests are skipped" ;;
+            *) log "building PostgreSQL $version failed"; return "$status" ;;
+        esac
+    done
 }
 
 install_python_packages() {
@@ -51,5 +64,6 @@ install_python_packages() {
 }
 
 install_apt_packages
+build_other_versions
 install_cargo_pgrx
 install_python_packages
