@@ -3,8 +3,10 @@
 //! Blocks are read hottest first, so that when shared_buffers cannot hold the whole list
 //! the clock sweep evicts the colder ones, and each loaded buffer gets a usage count at
 //! least the primary's (capped at BM_MAX_USAGE_COUNT), so that after promotion the sweep
-//! evicts cold pages before these. Readahead threads (readahead.rs) advise the kernel of
-//! upcoming blocks ahead of the reads, which turns a scattered list into parallel I/O.
+//! evicts cold pages before these. A scattered list is read with many reads in flight: on
+//! PostgreSQL 17 and later through a read stream (compat::stream_reads, asynchronous I/O on
+//! 18), before 17 with readahead threads (readahead.rs) that advise the kernel of upcoming
+//! blocks ahead of the backend's reads.
 //!
 //! How it respects replay: exactly as pg_prewarm and autoprewarm do. Each block is read
 //! through its relation (ReadBufferExtended) while this backend holds AccessShareLock on
@@ -283,28 +285,35 @@ fn read_run(
         }
     }
     let mut done = 0;
-    for read in reads {
+    let mut past_end = 0;
+    let mut handed_out = 0u64;
+    let mut pending = reads.iter();
+    // Hands out the run's blocks in order, until the lock has been held LOCK_HOLD. Runs
+    // inside a read stream on 17+: no PostgreSQL calls here.
+    let mut next = || loop {
         if done > 0 && locked.since.elapsed() >= LOCK_HOLD {
-            break;
+            return None;
         }
-        pg_sys::check_for_interrupts!();
+        let read = pending.next()?;
         progress.reading(first + done);
         done += 1;
         if !in_file(read) {
-            outcome.skipped_past_end += 1;
+            past_end += 1;
             continue;
         }
-        let hits_before = unsafe { pg_sys::pgBufferUsage.shared_blks_hit };
-        let buffer = unsafe { compat::read_buffer(locked.relation, fork.rel.fork, read.block) };
-        let was_cached = unsafe { pg_sys::pgBufferUsage.shared_blks_hit } != hits_before;
-        buffers::raise_usage_count(buffer, read.usage);
-        unsafe { pg_sys::ReleaseBuffer(buffer) };
-        if was_cached {
-            outcome.already_cached += 1;
-        } else {
-            outcome.loaded += 1;
-        }
-    }
+        handed_out += 1;
+        return Some((read.block, read.usage));
+    };
+    let cached = unsafe {
+        compat::stream_reads(locked.relation, fork.rel.fork, &mut next, |buffer, usage| {
+            buffers::raise_usage_count(buffer, usage);
+            pg_sys::ReleaseBuffer(buffer);
+            pg_sys::check_for_interrupts!();
+        })
+    };
+    outcome.already_cached += cached.min(handed_out);
+    outcome.loaded += handed_out - cached.min(handed_out);
+    outcome.skipped_past_end += past_end;
     failpoints::prewarm_delay();
     locked.release();
     done
@@ -336,14 +345,20 @@ fn try_vec<T: Clone>(len: usize, value: T, what: &str) -> Vec<T> {
 
 /// Reads every planned block, one locked run at a time.
 fn read_all(reads: &[Read], forks: &mut [ForkState], outcome: &mut Outcome) {
-    let threads = usize::try_from(gucs::PREWARM_READAHEAD_THREADS.get()).unwrap_or(0);
+    // Read streams (17+) keep their own reads in flight; the threads are for 15 and 16.
+    let threads = if compat::HAS_READ_STREAMS {
+        0
+    } else {
+        usize::try_from(gucs::PREWARM_READAHEAD_THREADS.get()).unwrap_or(0)
+    };
     let plan = if threads > 0 { readahead_plan(reads, forks) } else { ReadaheadPlan::default() };
     plan.run(threads, |progress| {
         let mut next = 0;
         while next < reads.len() {
             let end = run_end(reads, next);
             let fork = &mut forks[reads[next].fork as usize];
-            next += read_run(&reads[next..end], next, fork, threads == 0, progress, outcome);
+            let advise = threads == 0 && !compat::HAS_READ_STREAMS;
+            next += read_run(&reads[next..end], next, fork, advise, progress, outcome);
         }
     });
 }

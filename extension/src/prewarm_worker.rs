@@ -25,6 +25,7 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
 use crate::buffers;
+use crate::compat;
 use crate::errors;
 use crate::prewarm::{self, Outcome};
 
@@ -223,7 +224,7 @@ fn record_failure(shared: *mut Shared, error: &CaughtError) {
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn ccm_prewarm_worker_main(argument: pg_sys::Datum) {
     unsafe {
-        pg_sys::pqsignal(libc::SIGTERM, Some(backend_die));
+        compat::set_signal_handler(libc::SIGTERM, backend_die);
         pg_sys::BackgroundWorkerUnblockSignals();
     }
     let segment = unsafe { pg_sys::dsm_attach(argument.value() as pg_sys::dsm_handle) };
