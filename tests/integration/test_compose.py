@@ -32,7 +32,11 @@ def compose_command() -> list[str]:
     pytest.skip("no docker compose command (neither the plugin nor docker-compose) is installed")
 
 
-pytestmark = pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine")
+# The images hold Debian 12's PostgreSQL 15: scripts/test.sh runs these with 15 only.
+pytestmark = [
+    pytest.mark.container,
+    pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine"),
+]
 
 
 class Compose:

@@ -39,7 +39,11 @@ def docker_engine_runs() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
 
 
-pytestmark = pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine")
+# The images hold Debian 12's PostgreSQL 15: scripts/test.sh runs these with 15 only.
+pytestmark = [
+    pytest.mark.container,
+    pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine"),
+]
 
 
 def workspace_version() -> str:
