@@ -1,14 +1,29 @@
 #!/usr/bin/env python3
 """pg_ccm benchmarks: figures, side by side in one run, on real PostgreSQL servers.
 
-    python3 bench/ccm_bench.py [--shared-buffers 4GB] [--only scan,filter,list,prewarm,overhead]
+    python3 bench/ccm_bench.py [--pg N | N,M,... | all] [--shared-buffers 4GB]
+                               [--only scan,filter,list,prewarm,overhead] [--io-methods worker,io_uring]
+
+    make bench                                  # every section, newest PostgreSQL with pg_ccm
+    make bench PG=15                            # = ARGS='--pg 15': installs pg_ccm into 15 first
+    make bench ARGS='--only prewarm --pg all'   # prewarm on every installed version, one run
+
+PostgreSQL: the servers of /usr/lib/postgresql/N/bin. `--pg` takes one version, a list
+(15,17,18) or `all` (every version installed there, 15 to 18); every section runs on each, in
+turn, under a heading naming it. The default is the newest installed version that has pg_ccm
+installed. Each version must have pg_ccm (its pg_config --pkglibdir/pg_ccm.so): the benchmark
+stops at once otherwise, naming `scripts/install.sh --pg N` (make bench installs only the
+version of PG=N, or the newest).
 
 Sections:
   scan      hot-set scan speed (buffer headers per second) with shared_buffers full
   filter    filter size per cached buffer at 1% false positives, and build speed
   list      block-list bytes per block, clustered and scattered hot sets
   prewarm   ccm_prewarm against pg_prewarm(rel, 'buffer') on the same cold relation of a
-            streaming standby, and a scattered list against reading the same blocks one at a time
+            streaming standby, and a scattered list against reading the same blocks one at a time;
+            on PostgreSQL 18 once per io_method (--io-methods; a postmaster setting: the standby
+            is restarted with it), "-" before 18 (no asynchronous I/O). Rows are labelled with
+            the version and io_method, and with several of them a summary table compares them
   overhead  primary TPS under pgbench with and without a running ccm-agent
 
 "Cold" means: server restarted (empty shared_buffers; a standby after a restartpoint) and the
@@ -19,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -29,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from harness import block_list  # noqa: E402
 from harness.agent import AgentProcess  # noqa: E402
-from harness.cluster import Cluster, Node, PG_BIN, pgbench  # noqa: E402
+from harness.cluster import (Cluster, Node, PgVersionError, pg_bin, pg_version_text, pgbench,  # noqa: E402
+                             resolve_pg_versions, use_pg_version)
 
 
 def say(text: str = "") -> None:
@@ -136,38 +153,108 @@ def bench_list(node: Node) -> None:
     say()
 
 
-def bench_prewarm(cluster: Cluster, megabytes: int) -> None:
+def restart_standby_with(cluster: Cluster, io_method: str) -> str | None:
+    """Restarts the standby with `io_method`, a postmaster setting; returns why it could not
+    start with it (it then runs with PostgreSQL 18's default, worker), or None."""
+    standby = cluster.standby
+    standby.stop()
+    standby.write_settings({"io_method": f"'{io_method}'"})
+    logged = standby.logfile.stat().st_size if standby.logfile.exists() else 0
+    try:
+        standby.start()
+    except RuntimeError:
+        with open(standby.logfile, errors="replace") as log:
+            log.seek(logged)
+            fatal = [line.strip() for line in log if "FATAL" in line]
+        standby.write_settings({"io_method": "'worker'"})
+        standby.start()
+        return fatal[-1] if fatal else "the server did not start"
+    cluster.wait_caught_up()
+    running = standby.one("SHOW io_method")
+    return None if running == io_method else f"the standby runs with io_method {running}"
+
+
+def bench_prewarm(cluster: Cluster, megabytes: int, io_methods: list[str]) -> list[dict]:
+    """Prewarm figures, once per io_method on PostgreSQL 18 (once before 18); returns the rows."""
     say(f"## Prewarm throughput on a standby (cold relation: restarted standby, files evicted from the OS cache; median of {COLD_RUNS} cold runs)")
     blocks = fill_table(cluster.primary, "prewarm_rel", megabytes)
     cluster.primary.sql("CHECKPOINT")
     cluster.wait_caught_up(timeout=600)
+    version = pg_version_text().removeprefix("PostgreSQL ")
+    asynchronous = int(cluster.standby.one("SHOW server_version_num")) >= 180000
+    say("| PostgreSQL | io_method | method | blocks | seconds | MB/s | vs baseline |")
+    say("|---|---|---|---:|---:|---:|---:|")
+    rows: list[dict] = []
+    for io_method in io_methods if asynchronous else ["-"]:
+        if asynchronous:
+            problem = restart_standby_with(cluster, io_method)
+            if problem:
+                say(f"| {version} | {io_method} | not measured: {problem} | | | | |")
+                continue
+        rows += prewarm_rows(cluster, blocks, version, io_method)
+    say()
+    return rows
+
+
+def prewarm_rows(cluster: Cluster, blocks: int, version: str, io_method: str) -> list[dict]:
     node = cluster.standby
+    rows: list[dict] = []
+
+    def row(case: str, method: str, count: int, seconds: float, baseline: float) -> None:
+        rows.append({"postgresql": version, "io_method": io_method, "case": case, "method": method,
+                     "blocks": count, "seconds": seconds})
+        mb = count * 8 / 1024
+        say(f"| {version} | {io_method} | {method} | {count} | {seconds:.2f} | {mb / seconds:.0f} | {baseline / seconds:.2f} |")
+
     full_list = whole_relation_list(node, "prewarm_rel", range(blocks))
-    say("| method | blocks | seconds | MB/s | vs baseline |")
-    say("|---|---:|---:|---:|---:|")
-    mb = blocks * 8 / 1024
     base, _ = cold_timed(cluster, "SELECT pg_prewarm('prewarm_rel', 'buffer')")
-    say(f"| pg_prewarm(rel, 'buffer') | {blocks} | {base:.2f} | {mb / base:.0f} | 1.00 |")
+    row("whole relation", "pg_prewarm(rel, 'buffer')", blocks, base, base)
     for label, setup in PREWARM_MODES:
-        ours, rows = cold_timed(cluster, "SELECT loaded FROM ccm_prewarm(%s)", [full_list], setup=setup)
-        assert rows[0][0] == blocks, rows
-        say(f"| ccm_prewarm(whole relation), {label} | {blocks} | {ours:.2f} | {mb / ours:.0f} | {base / ours:.2f} |")
+        ours, result = cold_timed(cluster, "SELECT loaded FROM ccm_prewarm(%s)", [full_list], setup=setup)
+        assert result[0][0] == blocks, result
+        row("whole relation", f"ccm_prewarm(whole relation), {label}", blocks, ours, base)
 
     rng = random.Random(2)
     for percent in (5, 15):
         sample = sorted(rng.sample(range(blocks), blocks * percent // 100))
         scattered = whole_relation_list(node, "prewarm_rel", sample)
-        mb = len(sample) * 8 / 1024
+        case = f"random {percent}%"
         one_by_one, _ = cold_timed(
             cluster,
             "SELECT sum(pg_prewarm('prewarm_rel', 'buffer', 'main', b, b)) FROM unnest(%s::int8[]) b",
             [sample],
         )
-        say(f"| pg_prewarm one block at a time, random {percent}% of the blocks | {len(sample)} | {one_by_one:.2f} | {mb / one_by_one:.0f} | 1.00 |")
+        row(case, f"pg_prewarm one block at a time, random {percent}% of the blocks", len(sample), one_by_one, one_by_one)
         for label, setup in PREWARM_MODES:
-            ours, rows = cold_timed(cluster, "SELECT loaded FROM ccm_prewarm(%s)", [scattered], setup=setup)
-            assert rows[0][0] == len(sample), rows
-            say(f"| ccm_prewarm(same list), {label} | {len(sample)} | {ours:.2f} | {mb / ours:.0f} | {one_by_one / ours:.2f} |")
+            ours, result = cold_timed(cluster, "SELECT loaded FROM ccm_prewarm(%s)", [scattered], setup=setup)
+            assert result[0][0] == len(sample), result
+            row(case, f"ccm_prewarm(same list), {label}", len(sample), ours, one_by_one)
+    return rows
+
+
+def prewarm_summary(rows: list[dict]) -> None:
+    """One line per PostgreSQL version and io_method: each case's baseline against ccm_prewarm
+    with its default settings (seconds, and how many times faster)."""
+    configurations = list(dict.fromkeys((r["postgresql"], r["io_method"]) for r in rows))
+    if len(configurations) < 2:
+        return
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    say(f"## Prewarm by PostgreSQL version and io_method (seconds, median of {COLD_RUNS} cold runs; "
+        f"ccm_prewarm with {PREWARM_MODES[0][0]})")
+    say("| PostgreSQL | io_method | " + " | ".join(
+        f"{case}: {'pg_prewarm' if case == 'whole relation' else 'one block at a time'} | {case}: ccm_prewarm | speed-up"
+        for case in cases) + " |")
+    say("|---|---|" + "---:|---:|---:|" * len(cases))
+    for version, io_method in configurations:
+        cells = []
+        for case in cases:
+            mine = [r for r in rows if (r["postgresql"], r["io_method"], r["case"]) == (version, io_method, case)]
+            if len(mine) < 2:
+                cells.append("- | - | -")
+                continue
+            baseline, ours = mine[0]["seconds"], mine[1]["seconds"]
+            cells.append(f"{baseline:.2f} | {ours:.2f} | {baseline / ours:.2f}x")
+        say(f"| {version} | {io_method} | " + " | ".join(cells) + " |")
     say()
 
 
@@ -204,20 +291,10 @@ def bench_overhead(cluster: Cluster, rounds: int, seconds: int, clients: int, lo
     say()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shared-buffers", default="4GB")
-    parser.add_argument("--prewarm-mb", type=int, default=1024, help="size of the cold relation")
-    parser.add_argument("--only", default="scan,filter,list,prewarm,overhead")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=int, default=20)
-    parser.add_argument("--clients", type=int, default=4)
-    args = parser.parse_args()
-    only = set(args.only.split(","))
-
-    say(f"# pg_ccm benchmark — {time.strftime('%Y-%m-%d %H:%M')} — `{' '.join(sys.argv)}`")
-    say()
+def run_sections(only: set[str], args: argparse.Namespace) -> list[dict]:
+    """Every chosen section on the PostgreSQL in use; returns the prewarm rows."""
     settings = {"shared_buffers": f"'{args.shared_buffers}'", "fsync": "on", "max_wal_size": "'8GB'"}
+    prewarm: list[dict] = []
     if only & {"scan", "filter", "list"}:
         with Cluster(settings=settings) as cluster:
             node = cluster.primary
@@ -235,10 +312,44 @@ def main() -> None:
         # cold, on its streaming standby; pg_prewarm is measured there too.
         with Cluster(settings=settings) as cluster:
             cluster.primary.sql("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
-            bench_prewarm(cluster, args.prewarm_mb)
+            prewarm = bench_prewarm(cluster, args.prewarm_mb, args.io_methods)
     if "overhead" in only:
         with Cluster(settings={"shared_buffers": "'512MB'"}) as cluster:
             bench_overhead(cluster, args.rounds, args.seconds, args.clients, cluster.base)
+    return prewarm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pg", metavar="N|N,M,...|all",
+                        help="PostgreSQL major version(s) to run (default: the newest installed one that has pg_ccm)")
+    parser.add_argument("--shared-buffers", default="4GB")
+    parser.add_argument("--prewarm-mb", type=int, default=1024, help="size of the cold relation")
+    parser.add_argument("--io-methods", default="worker,io_uring",
+                        help="PostgreSQL 18's io_method values the prewarm section runs with, in turn (default worker,io_uring)")
+    parser.add_argument("--only", default="scan,filter,list,prewarm,overhead")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=4)
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    args.io_methods = [m for m in args.io_methods.split(",") if m]
+    if not all(re.fullmatch(r"[a-z_]+", m) for m in args.io_methods) or not args.io_methods:
+        parser.error(f"--io-methods: expected names such as worker,io_uring,sync, got {args.io_methods}")
+    try:
+        versions = resolve_pg_versions(args.pg)
+    except PgVersionError as error:
+        parser.error(str(error))
+
+    say(f"# pg_ccm benchmark — {time.strftime('%Y-%m-%d %H:%M')} — `{' '.join(sys.argv)}`")
+    say()
+    prewarm: list[dict] = []
+    for version in versions:
+        use_pg_version(version)
+        say(f"# {pg_version_text()} ({pg_bin()})")
+        say()
+        prewarm += run_sections(only, args)
+    prewarm_summary(prewarm)
 
 
 if __name__ == "__main__":

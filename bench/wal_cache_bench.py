@@ -2,7 +2,12 @@
 """Logical WAL cache benchmark: catch-up of a paused logical consumer after a write burst,
 with the cache off, at its default and at a size that covers the burst, side by side.
 
-    python3 bench/wal_cache_bench.py [--scale 10] [--burst-transactions 60000] [--memory 512M]
+    python3 bench/wal_cache_bench.py [--pg N] [--scale 10] [--burst-transactions 60000] [--memory 512M]
+
+PostgreSQL: the server and client programs of /usr/lib/postgresql/N/bin for `--pg N`; by default
+the newest version installed there (15 to 18) that has pg_ccm installed. The version is printed
+first and in the summary; a version without pg_ccm stops the benchmark at once, naming
+`scripts/install.sh --pg N`.
 
 For each cache size (0, 2048 pages = 16 MB, and one that covers the burst) it:
   1. starts a primary (wal_level=logical, shared_buffers 128MB) inside a memory cgroup
@@ -42,7 +47,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from harness.cgroups import BlkioThrottle, MemoryCgroup, controller_available, data_device  # noqa: E402
-from harness.cluster import PG_BIN, Cluster, Node, pgbench  # noqa: E402
+from harness.cluster import (Cluster, Node, PgVersionError, pg_bin, pg_version_text, pgbench,  # noqa: E402
+                             resolve_pg_versions, use_pg_version)
 from harness.logical import Recvlogical, pages_between, wal_cache_row, wal_cache_status  # noqa: E402
 
 def say(text: str = "") -> None:
@@ -211,6 +217,8 @@ def run_one(args: argparse.Namespace, cache_pages: int, big_file: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pg", type=int, metavar="N",
+                        help="PostgreSQL major version to run (default: the newest installed one that has pg_ccm)")
     parser.add_argument("--scale", type=int, default=10, help="pgbench scale (default 10, 150 MB)")
     parser.add_argument("--burst-transactions", type=int, default=8000,
                         help="transactions of the burst, each inserting 40 rows of 128 bytes (default 8000)")
@@ -230,6 +238,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--workdir", type=Path, default=Path("/var/tmp/pg_ccm-bench"))
     args = parser.parse_args()
+    try:
+        (version,) = resolve_pg_versions(args.pg)
+    except PgVersionError as error:
+        parser.error(str(error))
+    use_pg_version(version)
+    say(f"{pg_version_text()} ({pg_bin()})")
     # SIGTERM unwinds like Ctrl-C, so that servers, cgroups and the pressure processes go.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     if not controller_available("memory"):
@@ -260,7 +274,7 @@ def main() -> None:
     else:
         storage += "; server with this machine's RLIMIT_MEMLOCK (8 MB)"
     reread = ", ".join(f"{r['reread_mb']:.0f}" for r in results)
-    say(f"Catch-up after a write burst of {results[0]['burst_mb']:.0f} MB of WAL; decoding resumes at the slot's "
+    say(f"{pg_version_text()}: catch-up after a write burst of {results[0]['burst_mb']:.0f} MB of WAL; decoding resumes at the slot's "
         f"restart_lsn and reads {reread} MB per run "
         f"(pgbench scale {args.scale}, cgroup memory {args.memory} with {args.hog_mb} MB taken and a {args.stream_file_mb} MB file streamed meanwhile, {storage})")
     say()

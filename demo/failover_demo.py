@@ -19,12 +19,21 @@ tier-0 standby's shared_buffers mirroring the primary's hot set, then without CC
      Aurora, which has no double buffering, the new primary has only its shared_buffers;
   6. fails over for real: SIGKILL of the primary's postmaster, `pg_ctl promote` of the standby,
      then the same workload at once against the new primary for AFTER seconds, with TPS (pgbench
-     -P 1) and storage reads (pg_stat_database.blks_read, sampled every second) recorded.
+     -P 1) and storage reads recorded (sampled every second): pg_stat_database.blks_read and,
+     from PostgreSQL 16, pg_stat_io's reads of relations.
 
 It prints both runs side by side (pre-failover TPS; time from promotion until TPS first reaches,
 and until it reaches and keeps, 90% of it; TPS in the first 10 s; blocks read from storage by
 the new primary in the first 60 s; coverage at failover) and the ratio of storage reads, checks
-the project's targets, and writes demo-output/failover.png and demo-output/results.json.
+the project's targets, and writes demo-output/failover.png and demo-output/results.json. From
+PostgreSQL 16 the storage reads, their ratio and its target are pg_stat_io's reads (real reads
+only), with blks_read beside them; on 15 they are blks_read's, which also counts every page a
+relation is extended by, so that a write workload never reaches 0.
+
+PostgreSQL version: `--pg N` (make demo PG=N, or ARGS='--pg N') runs the servers and pgbench of
+/usr/lib/postgresql/N/bin; the default is the newest version installed there (15 to 18) that has
+pg_ccm installed. The version is printed first and recorded in results.json; a version without
+pg_ccm stops the demo with the command that installs it (scripts/install.sh --pg N).
 
 Scenarios: `uniform` (default; pgbench's uniform access, the data fits in shared_buffers) and
 `skewed` (data about 3x shared_buffers, both scripts pick aid with random_exponential, so the hot
@@ -55,7 +64,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from harness.agent import AGENT_BIN, AgentProcess  # noqa: E402
-from harness.cluster import PG_BIN, Cluster, Node, coverage, pgbench  # noqa: E402
+from harness.cluster import (Cluster, Node, PgVersionError, coverage, pg_bin, pg_version_text, pgbench,  # noqa: E402
+                             resolve_pg_versions, use_pg_version)
 
 # "progress: 12.0 s, 23712.1 tps, lat 0.168 ms stddev 0.090, 0 failed"
 PROGRESS = re.compile(r"^progress: ([\d.]+) s, ([\d.]+) tps")
@@ -173,7 +183,7 @@ class Workload:
         self.label, self.seconds = label, seconds
         self.tps: list[float] = []
         self.other_lines: list[str] = []
-        argv = [str(PG_BIN / "pgbench"), "-h", "127.0.0.1", "-p", str(node.port), "-U", "postgres",
+        argv = [str(pg_bin() / "pgbench"), "-h", "127.0.0.1", "-p", str(node.port), "-U", "postgres",
                 "-n", "-M", "prepared", "-P", "1", "-c", str(clients), "-j", str(min(2, clients)),
                 "-T", str(seconds), *scenario.workload, "postgres"]
         self.started = time.monotonic()
@@ -217,15 +227,38 @@ class Workload:
             print(flush=True)
 
 
+# Blocks read into shared_buffers, two ways. pg_stat_database.blks_read counts, in PostgreSQL
+# 15, each page a relation is extended by too (16 extends relations without counting them there,
+# but still counts pages zeroed instead of read). pg_stat_io (16+) counts reads apart from
+# extends: relation reads summed over backend types and contexts, without the startup process,
+# whose replay reads blks_read leaves out too and which flushes its counts only when it exits,
+# at promotion (so they would land in the new primary's first second).
+BLKS_READ = "(SELECT sum(blks_read)::int8 FROM pg_stat_database)"
+IO_READS = "(SELECT sum(reads)::int8 FROM pg_stat_io WHERE object = 'relation' AND backend_type <> 'startup')"
+
+
+def has_pg_stat_io(node: Node) -> bool:
+    return bool(node.one("SELECT current_setting('server_version_num')::int >= 160000"))
+
+
+def storage_reads(node: Node, io: bool, conn=None) -> tuple[int, int | None]:
+    """(blks_read, pg_stat_io reads or None without `io`) of the whole node."""
+    query = f"SELECT {BLKS_READ}, {IO_READS if io else 'NULL::int8'}"
+    blocks, io_reads = conn.execute(query).fetchone() if conn is not None else node.sql(query)[0]
+    return int(blocks), (int(io_reads or 0) if io else None)
+
+
 class ReadSampler:
-    """sum(pg_stat_database.blks_read) of one node, sampled every second in a thread.
+    """Blocks read (storage_reads) and full-page images of one node, sampled every second in a
+    thread.
 
     Backends flush their statistics at most once a second, so a sample lags the truth by up
-    to a second; the per-second series is for the chart, the totals are read separately."""
+    to a second; the per-second series are for the chart, the totals are read separately."""
 
-    def __init__(self, node: Node):
-        self.node = node
-        self.samples: list[tuple[float, int]] = []  # (time.monotonic(), blocks)
+    def __init__(self, node: Node, io: bool):
+        self.node, self.io = node, io
+        self.samples: list[tuple[float, int]] = []  # (time.monotonic(), blks_read)
+        self.io_samples: list[tuple[float, int]] = []  # (time.monotonic(), pg_stat_io reads), 16+
         # Full-page images written (pg_stat_wal.wal_fpi): after a checkpoint, the first change
         # of every page writes the whole page into WAL.
         self.fpi_samples: list[tuple[float, int]] = []
@@ -237,15 +270,17 @@ class ReadSampler:
         try:
             with self.node.connect() as conn:
                 while not self.halt.is_set():
-                    blocks, fpi = conn.execute(
-                        "SELECT (SELECT sum(blks_read)::int8 FROM pg_stat_database), (SELECT wal_fpi FROM pg_stat_wal)"
-                    ).fetchone()
-                    self.samples.append((time.monotonic(), int(blocks)))
-                    self.fpi_samples.append((time.monotonic(), int(fpi)))
+                    blocks, io_reads = storage_reads(self.node, self.io, conn)
+                    fpi = conn.execute("SELECT wal_fpi FROM pg_stat_wal").fetchone()[0]
+                    now = time.monotonic()
+                    self.samples.append((now, blocks))
+                    if io_reads is not None:
+                        self.io_samples.append((now, io_reads))
+                    self.fpi_samples.append((now, int(fpi)))
                     self.halt.wait(1.0)
         except Exception as error:  # the series just ends early; the totals are read separately
             if not self.halt.is_set():
-                say(f"    (blks_read sampler on {self.node.name} stopped: {error})")
+                say(f"    (read sampler on {self.node.name} stopped: {error})")
 
     def stop(self) -> None:
         self.halt.set()
@@ -257,6 +292,9 @@ class ReadSampler:
         return [(round(t1 - origin, 2), round((v1 - v0) / (t1 - t0), 1))
                 for (t0, v0), (t1, v1) in zip(samples, samples[1:]) if t1 > t0]
 
+    def io_rates(self, origin: float) -> list[tuple[float, float]]:
+        return self.rates(origin, self.io_samples)
+
     def fpi_rates(self, origin: float) -> list[tuple[float, float]]:
         return self.rates(origin, self.fpi_samples)
 
@@ -267,10 +305,6 @@ def mean_rate(series: list[list[float]], start: float, end: float) -> float | No
     return round(statistics.mean(rates), 1) if rates else None
 
 
-def blocks_read(node: Node) -> int:
-    return int(node.one("SELECT sum(blks_read)::int8 FROM pg_stat_database"))
-
-
 # -- one run -----------------------------------------------------------------------------
 
 
@@ -278,8 +312,10 @@ def blocks_read(node: Node) -> int:
 class RunResult:
     scenario: str
     mode: str  # "with ccm-agent" | "without CCM"
+    postgresql: str = ""  # "PostgreSQL 18.6"
     pre_failover_tps: float = 0.0
-    pre_failover_reads_per_s: float | None = None
+    pre_failover_reads_per_s: float | None = None  # blks_read
+    pre_failover_io_reads_per_s: float | None = None  # pg_stat_io reads (16+)
     coverage_at_failover: float = 0.0
     hot_buffers_at_failover: int = 0
     agent_blocks_loaded: int | None = None
@@ -288,7 +324,8 @@ class RunResult:
     seconds_to_90pct_first: float | None = None
     seconds_to_90pct_stay: float | None = None
     first_10s_pct: float | None = None
-    blocks_read_after: int = 0
+    blocks_read_after: int = 0  # rise of blks_read (in PostgreSQL 15, relation extension too)
+    io_blocks_read_after: int | None = None  # rise of pg_stat_io reads (16+; reads only)
     blocks_read_window_s: int = 0
     post_failover_steady_tps: float | None = None
     rejoin_coverage: float | None = None
@@ -299,25 +336,30 @@ class RunResult:
     tps_after: list[list[float]] = field(default_factory=list)
     reads_before: list[list[float]] = field(default_factory=list)  # [sample time, blocks/s], old primary
     reads_after: list[list[float]] = field(default_factory=list)  # new primary
+    io_reads_before: list[list[float]] = field(default_factory=list)  # the same from pg_stat_io (16+)
+    io_reads_after: list[list[float]] = field(default_factory=list)
     fpi_before: list[list[float]] = field(default_factory=list)  # [sample time, full-page images/s]
     fpi_after: list[list[float]] = field(default_factory=list)
     pre_failover_fpi_per_s: float | None = None
     first_10s_fpi_per_s: float | None = None
     kill_at: float = 0.0
 
-    # In PostgreSQL 15 blks_read also counts the new pages a relation is extended by, so even a
-    # fully cached workload "reads" in proportion to its writes: per transaction, the old
-    # primary's steady state is the floor to compare the new primary with.
     @property
-    def pre_failover_reads_per_1000_tx(self) -> float | None:
-        if self.pre_failover_reads_per_s is None or not self.pre_failover_tps:
-            return None
-        return 1000 * self.pre_failover_reads_per_s / self.pre_failover_tps
+    def transactions_in_reads_window(self) -> float:
+        return sum(tps for at, tps in self.tps_after if at <= self.blocks_read_window_s)
 
     @property
-    def reads_per_1000_tx_after(self) -> float | None:
-        transactions = sum(tps for at, tps in self.tps_after if at <= self.blocks_read_window_s)
-        return 1000 * self.blocks_read_after / transactions if transactions else None
+    def storage_reads_after(self) -> int:
+        """The figure the read target is checked on: pg_stat_io's reads where they exist."""
+        return self.io_blocks_read_after if self.io_blocks_read_after is not None else self.blocks_read_after
+
+
+# In PostgreSQL 15 blks_read also counts the new pages a relation is extended by, so even a
+# fully cached workload "reads" in proportion to its writes: per transaction, the old primary's
+# steady state is the floor to compare the new primary with. pg_stat_io's reads (16+) have no
+# such floor.
+def per_1000(blocks: float | None, transactions: float | None) -> float | None:
+    return 1000 * blocks / transactions if blocks is not None and transactions else None
 
 
 def compute_figures(result: RunResult, after_tps: list[float], offset: float) -> None:
@@ -369,7 +411,7 @@ def build_template(scenario: Scenario, args: argparse.Namespace, workdir: Path) 
 def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.Namespace, workdir: Path) -> RunResult:
     mode = "with ccm-agent" if with_ccm else "without CCM"
     tag = f"[{scenario.name} / {mode}]"
-    result = RunResult(scenario=scenario.name, mode=mode)
+    result = RunResult(scenario=scenario.name, mode=mode, postgresql=pg_version_text())
     cluster = Cluster(settings=scenario.settings(args), base=workdir / f"{scenario.name}-{'ccm' if with_ccm else 'none'}", keep=args.keep)
     agent: AgentProcess | None = None
     workloads: list[Workload] = []
@@ -378,6 +420,7 @@ def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.
         say(f"{tag} primary from the data set, streaming standby cloned from it (pg_basebackup)")
         cluster.create(template=template)
         primary, standby = cluster.primary, cluster.standby
+        io = has_pg_stat_io(primary)
         say(f"{tag} standby made cold: restartpoint, restart, its files dropped from the OS page cache")
         cluster.make_standby_cold()
         if with_ccm:
@@ -387,7 +430,7 @@ def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.
             say(f"{tag} ccm-agent running (every {args.agent_interval}; metrics on 127.0.0.1:{agent.metrics_port})")
 
         say(f"{tag} Aurora's CCM-test workload on the primary for {args.warm_seconds} s, {args.clients} clients")
-        samplers.append(sampler := ReadSampler(primary))
+        samplers.append(sampler := ReadSampler(primary, io))
         workloads.append(warm := Workload(primary, scenario, args.clients, args.warm_seconds, "primary    "))
         warm.wait()
         sampler.stop()
@@ -401,15 +444,15 @@ def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.
         say(f"{tag} separate hosts: dropping the standby's files from the OS page cache (sync + vmtouch -e)")
         standby.drop_os_cache()
         # Read before the kill, so that the workload starts right after the promotion: the kill
-        # and the promotion add nothing (recovery's reads are not counted in pg_stat_database).
-        reads_at_promotion = blocks_read(standby)
+        # and the promotion add nothing (recovery's reads are counted in neither figure).
+        blocks_at_promotion, io_reads_at_promotion = storage_reads(standby, io)
         say(f"{tag} FAILOVER: SIGKILL of the primary's postmaster, pg_ctl promote of the standby")
         killed = time.monotonic()
         primary.kill()
         standby.promote()
         promoted = time.monotonic()
         workloads.append(after := Workload(standby, scenario, args.clients, args.after_seconds, "new primary"))
-        samplers.append(sampler_after := ReadSampler(standby))
+        samplers.append(sampler_after := ReadSampler(standby, io))
         # A physical slot for the old primary, as Patroni keeps one per member, so that the WAL it
         # needs to rejoin is not recycled meanwhile (the new primary writes a lot of it). Taken
         # in both runs, so that both runs do the same.
@@ -422,21 +465,30 @@ def run_once(scenario: Scenario, template: Path, with_ccm: bool, args: argparse.
         after.wait()
         sampler_after.stop()
         time.sleep(1.5)  # backends flush their statistics when they exit
-        result.blocks_read_after = blocks_read(standby) - reads_at_promotion
+        blocks_at_end, io_reads_at_end = storage_reads(standby, io)
+        result.blocks_read_after = blocks_at_end - blocks_at_promotion
+        if io_reads_at_end is not None and io_reads_at_promotion is not None:
+            result.io_blocks_read_after = io_reads_at_end - io_reads_at_promotion
         result.blocks_read_window_s = args.after_seconds
 
         result.tps_before = [[round(warm.started + k - promoted, 2), tps] for k, tps in enumerate(warm.tps, 1)]
         result.tps_after = [[round(after.started + k - promoted, 2), tps] for k, tps in enumerate(after.tps, 1)]
         result.reads_before = [list(p) for p in sampler.rates(promoted)]
         result.reads_after = [list(p) for p in sampler_after.rates(promoted)]
+        result.io_reads_before = [list(p) for p in sampler.io_rates(promoted)]
+        result.io_reads_after = [list(p) for p in sampler_after.io_rates(promoted)]
         load_ended = result.tps_before[-1][0] if result.tps_before else result.kill_at
         result.fpi_before = [list(p) for p in sampler.fpi_rates(promoted)]
         result.fpi_after = [list(p) for p in sampler_after.fpi_rates(promoted)]
         result.pre_failover_reads_per_s = mean_rate(result.reads_before, load_ended - PRE_WINDOW, load_ended + 1)
+        if io:
+            result.pre_failover_io_reads_per_s = mean_rate(result.io_reads_before, load_ended - PRE_WINDOW, load_ended + 1)
         result.pre_failover_fpi_per_s = mean_rate(result.fpi_before, load_ended - PRE_WINDOW, load_ended + 1)
         result.first_10s_fpi_per_s = mean_rate(result.fpi_after, float("-inf"), 10.5)
         compute_figures(result, after.tps, result.promotion_to_workload_s)
-        say(f"{tag} new primary read {result.blocks_read_after} blocks from storage in its first "
+        read_by = (f"{result.io_blocks_read_after} blocks from storage (pg_stat_io; blks_read: {result.blocks_read_after})"
+                   if io else f"{result.blocks_read_after} blocks from storage")
+        say(f"{tag} new primary read {read_by} in its first "
             f"{args.after_seconds} s; 90% of the pre-failover TPS first reached "
             f"{fmt_seconds(result.seconds_to_90pct_first, args.after_seconds)} after promotion")
 
@@ -496,6 +548,63 @@ def fmt_rate(value: float | None) -> str:
     return f"{value:.2f}" if value is not None else "-"
 
 
+def fmt_count(value: float | None) -> str:
+    return f"{value:.0f}" if value is not None else "-"
+
+
+def reads_rows(runs: list[RunResult]) -> tuple[list[tuple[str, list[str]]], list[tuple[str, list[str]]]]:
+    """The table's read rows: the old primary's steady state, and the new primary's first
+    seconds. From PostgreSQL 16 the pg_stat_io figures lead and blks_read follows them."""
+    window = runs[0].blocks_read_window_s
+    blks_before = [
+        ("  primary's blocks read per second in those seconds (steady state)",
+         [fmt_count(r.pre_failover_reads_per_s) for r in runs]),
+        ("  the same per 1000 transactions (relation extension counts too)",
+         [fmt_rate(per_1000(r.pre_failover_reads_per_s, r.pre_failover_tps)) for r in runs]),
+    ]
+    blks_after = [
+        (f"blocks read from storage by the new primary, first {window} s", [f"{r.blocks_read_after}" for r in runs]),
+        ("  the same per 1000 transactions (compare with the old primary's above)",
+         [fmt_rate(per_1000(r.blocks_read_after, r.transactions_in_reads_window)) for r in runs]),
+    ]
+    if all(r.io_blocks_read_after is None for r in runs):
+        return blks_before, blks_after
+    before = [
+        ("  primary's blocks read per second in those seconds (pg_stat_io reads)",
+         [fmt_count(r.pre_failover_io_reads_per_s) for r in runs]),
+        ("  the same per 1000 transactions",
+         [fmt_rate(per_1000(r.pre_failover_io_reads_per_s, r.pre_failover_tps)) for r in runs]),
+        ("  primary's blks_read per second in those seconds (pg_stat_database)", blks_before[0][1]),
+        ("  the same per 1000 transactions", blks_before[1][1]),
+    ]
+    after = [
+        (f"blocks read from storage by the new primary, first {window} s (pg_stat_io)",
+         [fmt_count(r.io_blocks_read_after) for r in runs]),
+        ("  the same per 1000 transactions (compare with the old primary's above)",
+         [fmt_rate(per_1000(r.io_blocks_read_after, r.transactions_in_reads_window)) for r in runs]),
+        (f"  blks_read of the new primary, first {window} s (pg_stat_database)", blks_after[0][1]),
+        ("  the same per 1000 transactions", blks_after[1][1]),
+    ]
+    return before, after
+
+
+def read_ratios(with_ccm: RunResult, without: RunResult, checks: dict[str, object]) -> None:
+    """Prints the storage reads with CCM over those without; "storage_read_ratio" (the one the
+    target is checked on) is pg_stat_io's where it exists, else blks_read's."""
+    io = with_ccm.io_blocks_read_after is not None and without.io_blocks_read_after is not None
+    figures = [("storage_read_ratio", "", with_ccm.blocks_read_after, without.blocks_read_after)]
+    if io:
+        figures = [("storage_read_ratio", " (pg_stat_io reads)", with_ccm.io_blocks_read_after, without.io_blocks_read_after),
+                   ("storage_read_ratio_blks_read", " (blks_read)",
+                    with_ccm.blocks_read_after, without.blocks_read_after)]
+    for key, source, ours, theirs in figures:
+        if theirs:
+            checks[key] = ours / theirs
+            print(f"storage reads by the new primary{source}, with CCM / without: {ours} / {theirs} = {ours / theirs:.1%}")
+        else:
+            print(f"storage reads by the new primary{source} without CCM: 0 (no ratio)")
+
+
 def print_table(results: list[RunResult], args: argparse.Namespace) -> dict[str, dict[str, object]]:
     """Prints one table per scenario; returns the target checks per scenario."""
     verdicts: dict[str, dict[str, object]] = {}
@@ -503,17 +612,15 @@ def print_table(results: list[RunResult], args: argparse.Namespace) -> dict[str,
         runs = [r for r in results if r.scenario == scenario]
         width = 74
         print()
-        print(f"## {scenario}")
+        print(f"## {scenario} ({runs[0].postgresql})")
         print()
         print(f"| {'':<{width}} |" + "".join(f" {r.mode:>16} |" for r in runs))
         print(f"|{'-' * (width + 2)}|" + "".join(f"{'-' * 17}:|" for _ in runs))
+        reads_before, reads_after = reads_rows(runs)
         rows = [
             (f"pre-failover TPS (mean of the last {PRE_WINDOW} s before the kill)",
              [f"{r.pre_failover_tps:.0f}" for r in runs]),
-            ("  primary's blocks read per second in those seconds (steady state)",
-             [f"{r.pre_failover_reads_per_s:.0f}" if r.pre_failover_reads_per_s is not None else "-" for r in runs]),
-            ("  the same per 1000 transactions (relation extension counts too)",
-             [fmt_rate(r.pre_failover_reads_per_1000_tx) for r in runs]),
+            *reads_before,
             (f"coverage at failover (primary's hot buffers, usage > {HOT_THRESHOLD}, on the standby)",
              [f"{r.coverage_at_failover:.1%}" for r in runs]),
             ("  hot buffers on the primary at failover", [f"{r.hot_buffers_at_failover}" for r in runs]),
@@ -525,10 +632,7 @@ def print_table(results: list[RunResult], args: argparse.Namespace) -> dict[str,
             ("time from promotion to 90% of pre-failover TPS: reached and kept",
              [fmt_seconds(r.seconds_to_90pct_stay, args.after_seconds) for r in runs]),
             ("TPS in the first 10 s after promotion, % of pre-failover", [fmt_pct(r.first_10s_pct) for r in runs]),
-            (f"blocks read from storage by the new primary, first {runs[0].blocks_read_window_s} s",
-             [f"{r.blocks_read_after}" for r in runs]),
-            ("  the same per 1000 transactions (compare with the old primary's above)",
-             [fmt_rate(r.reads_per_1000_tx_after) for r in runs]),
+            *reads_after,
             ("full-page images written per second: old primary, last 20 s",
              [f"{r.pre_failover_fpi_per_s:.0f}" if r.pre_failover_fpi_per_s is not None else "-" for r in runs]),
             ("full-page images written per second: new primary, first 10 s",
@@ -548,13 +652,7 @@ def print_table(results: list[RunResult], args: argparse.Namespace) -> dict[str,
         checks: dict[str, object] = {}
         print()
         if with_ccm and without:
-            if without.blocks_read_after:
-                ratio = with_ccm.blocks_read_after / without.blocks_read_after
-                checks["storage_read_ratio"] = ratio
-                print(f"storage reads by the new primary, with CCM / without: {with_ccm.blocks_read_after} / "
-                      f"{without.blocks_read_after} = {ratio:.1%}")
-            else:
-                print("storage reads by the new primary without CCM: 0 (no ratio)")
+            read_ratios(with_ccm, without, checks)
         if with_ccm:
             first = with_ccm.seconds_to_90pct_first
             targets = [
@@ -565,8 +663,9 @@ def print_table(results: list[RunResult], args: argparse.Namespace) -> dict[str,
             ]
             if "storage_read_ratio" in checks:
                 ratio = float(checks["storage_read_ratio"])  # type: ignore[arg-type]
-                targets.append(("reads_5pct", f"storage reads in the first {READS_WINDOW} s <= {TARGET_READS:.0%} of the run without CCM",
-                                ratio <= TARGET_READS, f"{ratio:.1%}"))
+                counted = " (pg_stat_io reads)" if with_ccm.io_blocks_read_after is not None else ""
+                targets.append(("reads_5pct", f"storage reads{counted} in the first {READS_WINDOW} s <= {TARGET_READS:.0%} "
+                                "of the run without CCM", ratio <= TARGET_READS, f"{ratio:.1%}"))
                 if with_ccm.blocks_read_window_s != READS_WINDOW:
                     print(f"(the read figures cover {with_ccm.blocks_read_window_s} s, not {READS_WINDOW} s: --after-seconds)")
             for key, label, met, measured in targets:
@@ -587,10 +686,7 @@ How to read this:
   later) to the end of the first pgbench -P 1 interval at or above 90% of it, shown and checked
   to 0.1 s ("reached and kept": every later second too, so a single slow second anywhere, e.g.
   a checkpoint, resets it).
-- "blocks read from storage" is the rise of sum(pg_stat_database.blks_read) on the new primary:
-  every block it had to read because shared_buffers lacked it (read a moment after the clients
-  disconnected, when every backend has flushed its statistics).
-- "full-page images" (pg_stat_wal.wal_fpi): promotion starts a checkpoint, and the first change
+{reads}- "full-page images" (pg_stat_wal.wal_fpi): promotion starts a checkpoint, and the first change
   of every page after a checkpoint writes the whole 8 kB page into WAL. Right after promotion
   nearly every update is such a first change, so WAL volume jumps and write transactions slow
   down, with or without CCM; no cache transfer can avoid it.
@@ -598,6 +694,25 @@ How to read this:
   threshold) that the standby caches, from pg_buffercache on both nodes just before the kill.
   Without CCM the standby still caches what WAL replay touched (the pages the workload wrote).
 """
+BLKS_READ_EXPLANATION = """\
+- "blocks read from storage" is the rise of sum(pg_stat_database.blks_read) on the new primary:
+  every block it had to read because shared_buffers lacked it (read a moment after the clients
+  disconnected, when every backend has flushed its statistics).
+"""
+IO_READS_EXPLANATION = """\
+- "blocks read from storage" is the rise of pg_stat_io's reads of relations on the new primary,
+  summed over backend types and contexts (the startup process's replay left out): every block it
+  had to read because shared_buffers lacked it, and only those (pages a relation is extended by
+  are extends, not reads); the ratio and the target use it. The blks_read rows beside it are
+  sum(pg_stat_database.blks_read), which can count more: pages zeroed rather than read, which
+  new pages of a growing relation can be. Both are read a moment after the clients
+  disconnected, when every backend has flushed its statistics.
+"""
+
+
+def explanation(results: list[RunResult]) -> str:
+    io = any(r.io_blocks_read_after is not None for r in results)
+    return EXPLANATION.format(reads=IO_READS_EXPLANATION if io else BLKS_READ_EXPLANATION)
 
 
 def chart(results: list[RunResult], path: Path, args: argparse.Namespace) -> None:
@@ -624,8 +739,10 @@ def chart(results: list[RunResult], path: Path, args: argparse.Namespace) -> Non
                     ys = [points[0][1]] + [p[1] for p in points]
                     tps_axis.plot(xs, ys, color=color, label=name, drawstyle="steps-pre", linewidth=1.4)
             tps_axis.axhline(0.9 * run.pre_failover_tps, color=color, linestyle=":", linewidth=1)
-            reads_label = f"{run.mode}: {run.blocks_read_after:,} blocks in the first {run.blocks_read_window_s} s"
-            for series, name in ((run.reads_before, None), (run.reads_after, reads_label)):
+            io = run.io_blocks_read_after is not None
+            reads_label = f"{run.mode}: {run.storage_reads_after:,} blocks in the first {run.blocks_read_window_s} s"
+            reads = (run.io_reads_before, run.io_reads_after) if io else (run.reads_before, run.reads_after)
+            for series, name in ((reads[0], None), (reads[1], reads_label)):
                 points = [p for p in series if p[0] >= left]
                 reads_axis.plot([p[0] for p in points], [p[1] for p in points], color=color, linewidth=1.4, label=name)
             if run.tps_before:
@@ -642,11 +759,12 @@ def chart(results: list[RunResult], path: Path, args: argparse.Namespace) -> Non
         tps_axis.set_title(f"{scenario}: TPS (pgbench -P 1); dotted: 90% of pre-failover TPS;\n"
                            "grey: no load (coverage measured, standby's page cache dropped, kill, promote)")
         tps_axis.set_ylabel("transactions per second")
+        counter = "pg_stat_io reads" if any(r.io_blocks_read_after is not None for r in results) else "pg_stat_database.blks_read"
         reads_axis.set_title(f"{scenario}: blocks read into shared_buffers per second\n"
-                             "(pg_stat_database.blks_read: old primary before 0, new primary after)")
+                             f"({counter}: old primary before 0, new primary after)")
         reads_axis.set_ylabel("blocks per second")
         reads_axis.set_xlabel("seconds from promotion")
-    figure.suptitle("pg_ccm failover demo, with and without ccm-agent\n(separate hosts emulated: the standby's "
+    figure.suptitle(f"pg_ccm failover demo on {results[0].postgresql}, with and without ccm-agent\n(separate hosts emulated: the standby's "
                     "files are dropped from the OS page cache before the failover, in both runs)", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -670,11 +788,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """The docstring as written, and every option's default (flags have none to show)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        return action.help if action.nargs == 0 else super()._get_help_string(action)
+        return action.help if action.nargs == 0 or action.default is None else super()._get_help_string(action)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--pg", type=int, metavar="N",
+                        help="PostgreSQL major version to run (15 to 18, from /usr/lib/postgresql/N/bin; default: the "
+                             "newest installed one that has pg_ccm)")
     parser.add_argument("--scenario", choices=["uniform", "skewed", "all"], default="uniform",
                         help="which data set and access pattern (all: both, about twice as long)")
     parser.add_argument("--only", choices=["ccm", "none", "both"], default="both",
@@ -710,9 +831,11 @@ def preflight(args: argparse.Namespace) -> list[str]:
     problems = []
     if args.only != "none" and not AGENT_BIN.exists():
         problems.append(f"{AGENT_BIN} is missing: run scripts/install.sh (make demo does)")
-    pkglibdir = subprocess.run([str(PG_BIN / "pg_config"), "--pkglibdir"], capture_output=True, text=True).stdout.strip()
-    if not pkglibdir or not (Path(pkglibdir) / "pg_ccm.so").exists():
-        problems.append(f"pg_ccm.so is not installed in {pkglibdir or 'pg_config --pkglibdir'}: run scripts/install.sh")
+    try:
+        (args.pg,) = resolve_pg_versions(args.pg)  # names scripts/install.sh --pg N if pg_ccm is missing
+        use_pg_version(args.pg)
+    except PgVersionError as error:
+        problems.append(str(error))
     for program in ("vmtouch", "setpriv", "sync"):
         if shutil.which(program) is None:
             problems.append(f"{program} is missing (scripts/setup.sh installs vmtouch)")
@@ -741,7 +864,7 @@ def main(argv: list[str] | None = None) -> int:
     per_run = 15 + args.warm_seconds + args.after_seconds
     estimate = sum(5 + s.scale / 8 + len(modes) * per_run + (25 if args.rejoin and True in modes else 0) for s in chosen)
     started, started_wall = time.monotonic(), datetime.datetime.now().astimezone()
-    say(f"pg_ccm failover demo: {', '.join(s.name for s in chosen)}; runs: "
+    say(f"pg_ccm failover demo on {pg_version_text()} ({pg_bin()}): {', '.join(s.name for s in chosen)}; runs: "
         f"{' and '.join('with ccm-agent' if m else 'without CCM' for m in modes)}; about {estimate / 60:.0f} minutes")
     say("separate hosts are emulated by dropping the standby's files from the OS page cache just before "
         "the failover, in both runs")
@@ -764,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
 
     verdicts = print_table(results, args)
     print()
-    print(EXPLANATION)
+    print(explanation(results))
     wall = time.monotonic() - started
     png, figures = args.output_dir / "failover.png", args.output_dir / "results.json"
     chart(results, png, args)
@@ -772,6 +895,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "started": started_wall.isoformat(timespec="seconds"),
         "wall_seconds": round(wall),
+        "postgresql": {"major": args.pg, "version": pg_version_text(), "bin": str(pg_bin())},
+        "storage_reads": ("pg_stat_io reads of relations (startup process left out); blks_read beside them"
+                          if any(r.io_blocks_read_after is not None for r in results) else "pg_stat_database.blks_read"),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "targets": verdicts,
         "runs": [asdict(r) for r in results],

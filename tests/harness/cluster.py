@@ -1,9 +1,10 @@
 """A local primary and streaming standby on loopback ports, for tests, benchmarks and the demo.
 
-Real PostgreSQL 15 servers from the system installation, started as the unprivileged
-``postgres`` OS user when we run as root (PostgreSQL refuses to run as root). Every node
-lives in its own directory under one base directory, listens on 127.0.0.1 and keeps its
-Unix socket in the base directory.
+Real PostgreSQL servers from the system installation (PG_BIN: the environment's, else
+PostgreSQL 15's; the demo and the benchmarks pick a version with `use_pg_version`), started
+as the unprivileged ``postgres`` OS user when we run as root (PostgreSQL refuses to run as
+root). Every node lives in its own directory under one base directory, listens on 127.0.0.1
+and keeps its Unix socket in the base directory.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -23,6 +25,93 @@ import psycopg
 
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 OS_USER = "postgres"
+
+# -- PostgreSQL versions -------------------------------------------------------------------
+# Laid out as Debian lays out its packages, /usr/lib/postgresql/N/bin (scripts/lib/pg-versions.sh).
+PG_ROOT = Path("/usr/lib/postgresql")
+PG_VERSIONS = (15, 16, 17, 18)
+
+
+class PgVersionError(Exception):
+    """A PostgreSQL version that cannot run here; the message says what to install."""
+
+
+def pg_bindir(version: int) -> Path:
+    return PG_ROOT / str(version) / "bin"
+
+
+def installed_pg_versions() -> list[int]:
+    """The supported versions whose pg_config is installed, oldest first."""
+    return [v for v in PG_VERSIONS if os.access(pg_bindir(v) / "pg_config", os.X_OK)]
+
+
+def pg_ccm_library(version: int) -> Path | None:
+    """pg_ccm.so in the version's `pg_config --pkglibdir`, None if it is not installed there."""
+    pkglibdir = subprocess.run([str(pg_bindir(version) / "pg_config"), "--pkglibdir"],
+                               capture_output=True, text=True).stdout.strip()
+    library = Path(pkglibdir) / "pg_ccm.so"
+    return library if pkglibdir and library.exists() else None
+
+
+def resolve_pg_versions(spec: str | int | None) -> list[int]:
+    """The versions a `--pg` argument names: "N", "N,M,..." or "all" (every installed version),
+    or, for None, the newest installed version that has pg_ccm. Raises PgVersionError, naming
+    the command that installs what is missing, unless each of them has pg_ccm installed."""
+    installed = installed_pg_versions()
+    if not installed:
+        raise PgVersionError(f"no PostgreSQL {PG_VERSIONS[0]} to {PG_VERSIONS[-1]} is installed under "
+                             f"{PG_ROOT}: run scripts/setup.sh")
+    if spec is None:
+        with_ccm = [v for v in installed if pg_ccm_library(v)]
+        if not with_ccm:
+            raise PgVersionError(f"pg_ccm is not installed for any PostgreSQL here (installed: "
+                                 f"{', '.join(map(str, installed))}): run scripts/install.sh --pg {installed[-1]}")
+        return [with_ccm[-1]]
+    spec = str(spec)
+    if spec.strip() == "all":
+        versions = installed
+    else:
+        try:
+            versions = sorted({int(part) for part in spec.split(",") if part.strip()})
+        except ValueError:
+            raise PgVersionError(f"--pg {spec}: expected N, N,M,... or all") from None
+    if not versions:
+        raise PgVersionError(f"--pg {spec}: expected N, N,M,... or all")
+    for version in versions:
+        if version not in PG_VERSIONS:
+            raise PgVersionError(f"PostgreSQL {version} is not supported ({PG_VERSIONS[0]} to {PG_VERSIONS[-1]} are)")
+        if version not in installed:
+            raise PgVersionError(f"PostgreSQL {version} is not installed (no {pg_bindir(version)}/pg_config): "
+                                 f"run PG_VERSIONS={version} scripts/setup.sh, then scripts/install.sh --pg {version}")
+    missing = [v for v in versions if not pg_ccm_library(v)]
+    if missing:
+        raise PgVersionError(f"pg_ccm is not installed for PostgreSQL {' and '.join(map(str, missing))} (no pg_ccm.so "
+                             f"in pg_config --pkglibdir): run " + " && ".join(f"scripts/install.sh --pg {v}" for v in missing))
+    return versions
+
+
+def use_pg_version(version: int) -> Path:
+    """Runs every later server and client program from PostgreSQL `version` and returns its
+    bin directory. Harness modules that imported PG_BIN by name (harness.logical) follow, and
+    so do child processes that read the PG_BIN environment variable."""
+    global PG_BIN
+    PG_BIN = pg_bindir(version)
+    os.environ["PG_BIN"] = str(PG_BIN)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("harness.") and name != __name__ and isinstance(getattr(module, "PG_BIN", None), Path):
+            module.PG_BIN = PG_BIN
+    return PG_BIN
+
+
+def pg_bin() -> Path:
+    """The bin directory in use (PG_BIN as `use_pg_version` last set it)."""
+    return PG_BIN
+
+
+def pg_version_text() -> str:
+    """`pg_config --version` of the PostgreSQL in use, e.g. "PostgreSQL 18.6"."""
+    return subprocess.run([str(PG_BIN / "pg_config"), "--version"], capture_output=True, text=True).stdout.strip()
+
 
 # Settings every node gets; callers add or override per cluster.
 BASE_SETTINGS: dict[str, Any] = {
