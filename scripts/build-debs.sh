@@ -57,7 +57,7 @@ AGENT=$ROOT/target/release/ccm-agent
 
 if [ "$BUILD" = 1 ]; then
     echo "==> cargo pgrx package (PostgreSQL $PG_MAJOR, release)"
-    if ! log=$(cd extension && cargo pgrx package --pg-config "$PG_CONFIG" --out-dir "$PGRX_OUT" 2>&1); then
+    if ! log=$(cd extension && cargo pgrx package --pg-config "$PG_CONFIG" --no-default-features --features "pg$PG_MAJOR" --out-dir "$PGRX_OUT" 2>&1); then
         echo "$log" >&2
         exit 1
     fi
