@@ -293,7 +293,7 @@ def bench_overhead(cluster: Cluster, rounds: int, seconds: int, clients: int, lo
 
 def run_sections(only: set[str], args: argparse.Namespace) -> list[dict]:
     """Every chosen section on the PostgreSQL in use; returns the prewarm rows."""
-    settings = {"shared_buffers": f"'{args.shared_buffers}'", "fsync": "on", "max_wal_size": "'8GB'"}
+    settings = {"shared_buffers": f"'{args.shared_buffers}'", "fsync": "on", "max_wal_size": "'8GB'", **args.set}
     prewarm: list[dict] = []
     if only & {"scan", "filter", "list"}:
         with Cluster(settings=settings) as cluster:
@@ -331,7 +331,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a server setting for every node of every section (repeatable), e.g. maintenance_io_concurrency=64")
     args = parser.parse_args()
+    try:
+        args.set = {name.strip(): f"'{value.strip()}'" for name, value in (item.split("=", 1) for item in args.set)}
+    except ValueError:
+        parser.error("--set: expected NAME=VALUE")
     only = set(args.only.split(","))
     args.io_methods = [m for m in args.io_methods.split(",") if m]
     if not all(re.fullmatch(r"[a-z_]+", m) for m in args.io_methods) or not args.io_methods:

@@ -17,6 +17,10 @@ from harness.cluster import Cluster
 
 from test_warmup import wait_for_coverage, warm_primary
 
+# Readiness, systemd notify and the unit are the agent's own behaviour: the same on every
+# PostgreSQL version, so scripts/test.sh runs them with the oldest and the newest only.
+pytestmark = pytest.mark.oldest_newest
+
 
 def write_config(path: Path, **keys: str) -> None:
     path.write_text("".join(f'{key} = "{value}"\n' for key, value in keys.items()))
