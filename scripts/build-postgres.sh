@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds and installs PostgreSQL MAJOR from Debian's source package, for the majors Debian 12
 # does not package (17 from trixie, 18 from sid), laid out as Debian lays out its packages:
-# everything under /usr/lib/postgresql/MAJOR (bin/ with pg_config, lib/, share/, include/),
-# contrib included, the Unix socket in /var/run/postgresql. A second run finds the build
-# and returns at once.
+# programs and pg_config in /usr/lib/postgresql/MAJOR/bin, modules in .../MAJOR/lib (also the
+# build's own libpq, so the system's libpq5 is not touched), extensions' files in
+# /usr/share/postgresql/MAJOR, server headers in /usr/include/postgresql/MAJOR/server, contrib
+# included, the Unix socket in /var/run/postgresql. So an extension package built against it
+# (scripts/build-debs.sh) puts its files where Debian's and PGDG's postgresql-MAJOR look. A
+# second run finds the build and returns at once.
 #
 #   scripts/build-postgres.sh MAJOR
 #
@@ -28,13 +31,17 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MAJOR=${1:?usage: $0 MAJOR}
 PREFIX=/usr/lib/postgresql/$MAJOR
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/pg_ccm/postgresql
+SHAREDIR=/usr/share/postgresql/$MAJOR
+INCLUDEDIR=/usr/include/postgresql/$MAJOR
 STAMP=$PREFIX/.pg_ccm-build
+# Bumped when the layout or the options change: an older build of ours is then replaced.
+BUILD_ID="layout=debian-2"
 
 log() { printf '==> %s\n' "$*" >&2; }
 
 declare -A EARLIER_VERSIONS=([17]="17.11-0+deb13u1" [18]="18.6-3")
 
-if [ -s "$STAMP" ] && "$PREFIX/bin/pg_config" --version 2>/dev/null | grep -q "^PostgreSQL $MAJOR\."; then
+if [ -s "$STAMP" ] && grep -qx "$BUILD_ID" "$STAMP" && "$PREFIX/bin/pg_config" --version 2>/dev/null | grep -q "^PostgreSQL $MAJOR\."; then
     exit 0
 fi
 if [ -x "$PREFIX/bin/pg_config" ] && [ ! -e "$STAMP" ]; then
@@ -127,7 +134,7 @@ build() {
     # Debian's servers put their socket in /var/run/postgresql; so do these, so that a
     # client (or ccm-agent's default host) finds every version the same way.
     sed -i 's|^#define DEFAULT_PGSOCKET_DIR .*|#define DEFAULT_PGSOCKET_DIR  "/var/run/postgresql"|' src/include/pg_config_manual.h
-    local options=(--prefix="$PREFIX" --with-openssl --with-lz4 --with-zstd --with-icu
+    local options=(--prefix="$PREFIX" --datadir="$SHAREDIR" --includedir="$INCLUDEDIR" --with-openssl --with-lz4 --with-zstd --with-icu
                    --with-system-tzdata=/usr/share/zoneinfo --enable-debug)
     # 18 reads through io_uring when io_method = io_uring (a configure option from 18 on).
     [ "$MAJOR" -ge 18 ] && options+=(--with-liburing)
@@ -135,8 +142,10 @@ build() {
     ./configure "${options[@]}" CFLAGS="-O2 -g" > "$build_dir/configure.log" 2>&1 ||
         { tail -n 30 "$build_dir/configure.log" >&2; return 1; }
     make -s -j"$(nproc)" world-bin > "$build_dir/make.log" 2>&1 || { tail -n 50 "$build_dir/make.log" >&2; return 1; }
+    # An older build of ours (never a package's files: those have no stamp) goes first.
+    if [ -e "$STAMP" ]; then rm -rf "$PREFIX" "$SHAREDIR" "$INCLUDEDIR"; fi
     make -s install-world-bin > "$build_dir/install.log" 2>&1 || { tail -n 30 "$build_dir/install.log" >&2; return 1; }
-    basename "$tarball" > "$STAMP"
+    printf '%s\n%s\n' "$(basename "$tarball")" "$BUILD_ID" > "$STAMP"
 }
 
 install_build_dependencies
