@@ -97,7 +97,13 @@ def test_a_consumer_that_falls_behind_misses_what_left_the_cache():
         pgbench(primary, "-i", "-s", "2", "-q")
         created = primary.one("SELECT lsn::text FROM pg_create_logical_replication_slot('late', 'test_decoding')")
         pgbench(primary, "-c", "2", "-j", "2", "-T", "3", "-n")  # many MB, far beyond 1 MB
-        time.sleep(0.1)
+        # The cache holds the pages behind the flush position. With synchronous_commit off,
+        # the WAL writer flushes pgbench's last WAL up to 200 ms later (wal_writer_delay; 85
+        # pages seen on 17), moving the window on: wait for it before reading the window.
+        inserted = primary.one("SELECT pg_current_wal_insert_lsn()::text")
+        primary.wait_until(lambda: lsn_to_int(primary.one("SELECT pg_current_wal_flush_lsn()::text")) >= lsn_to_int(inserted),
+                           "pgbench's WAL to be flushed")
+        time.sleep(0.1)  # ten ticks of the worker
         oldest_before = primary.one("SELECT get_oldest_wal_cache_ptr()::text")
         primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('late', NULL, NULL)")
         confirmed = primary.one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'late'")
