@@ -57,8 +57,9 @@ use crate::prewarm_worker;
 use crate::readahead::{Progress, ReadaheadPlan};
 
 /// Most reads under one lock: replay waits at most this long for a truncation or DROP.
-/// LOCK_HOLD is the tighter bound on any storage; 1024 rather than 256 lets a read stream
-/// (17+) run four times longer before it drains (BENCHMARKS.md: a whole relation on 18).
+/// On storage slower than about 10 µs per read LOCK_HOLD ends a run first; 1024 rather
+/// than 256 lets a read stream (17+) run four times longer before it drains
+/// (BENCHMARKS.md: a whole relation on 18).
 const READS_PER_LOCK: usize = 1024;
 /// Longest a run holds its lock before letting replay in (checked between reads).
 const LOCK_HOLD: Duration = Duration::from_millis(10);
