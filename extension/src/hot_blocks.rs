@@ -5,6 +5,8 @@
 //! count is above `ccm.usage_threshold`, drops those the standby's filter says it has,
 //! and returns them as a packed block list; with `max_blocks`, only those among the
 //! `max_blocks` hottest blocks of the whole hot set.
+//! `ccm_hot_blocks_each()` serves several standbys with one scan: one filter and one
+//! list per standby, the primary's cost growing only by a filter probe per hot buffer.
 //! It is the scan `aurora_ccm_status()` reports on. `ccm_hot_buffers()` shows the same
 //! set as rows and leaves the counters alone.
 
@@ -22,38 +24,46 @@ use crate::shmem::{self, ScanCounts};
 /// Buffers visited between two progress reports to shared memory.
 const PROGRESS_INTERVAL: usize = 16384;
 
-/// A hot buffer found by a scan, and whether the standby's filter says it has it.
+/// Most standbys one scan serves: each candidate keeps one bit per filter.
+const MAX_STANDBYS: usize = 64;
+
+/// A hot buffer found by a scan, and which standbys' filters say they have it (bit i:
+/// filter i).
 #[derive(Clone, Copy)]
 struct Candidate {
     block: HotBlock,
-    on_standby: bool,
+    on_standby: u64,
 }
 
 /// Outcome of one scan.
 struct HotSet {
     candidates: Vec<Candidate>,
+    /// Whether `candidates` is in send order (hottest first, then by address).
+    ordered: bool,
     found: u64,
     visited: u64,
 }
 
 impl HotSet {
-    /// The blocks to send: of the `limit` hottest, those the standby lacks.
+    /// The blocks to send to standby `index`: of the `limit` hottest, those it lacks.
     ///
     /// The cap picks from the whole hot set, not from what is missing, so that a standby
     /// too small for the hot set converges on holding its hottest part instead of trading
     /// blocks back and forth every cycle. Ties go to the lower address, so the choice is
     /// the same from one scan to the next.
-    fn to_send(mut self, limit: usize) -> Vec<HotBlock> {
-        if self.candidates.len() > limit {
-            let order = |a: &Candidate, b: &Candidate| {
-                b.block.usage.cmp(&a.block.usage).then(a.block.addr.cmp(&b.block.addr))
-            };
-            if limit > 0 {
-                self.candidates.select_nth_unstable_by(limit - 1, order);
+    fn to_send(&mut self, index: usize, limit: usize) -> Vec<HotBlock> {
+        let bit = 1u64 << index;
+        let mut hottest = &self.candidates[..];
+        if hottest.len() > limit {
+            if !self.ordered {
+                self.candidates.sort_unstable_by(|a, b| {
+                    b.block.usage.cmp(&a.block.usage).then(a.block.addr.cmp(&b.block.addr))
+                });
+                self.ordered = true;
             }
-            self.candidates.truncate(limit);
+            hottest = &self.candidates[..limit];
         }
-        self.candidates.into_iter().filter(|c| !c.on_standby).map(|c| c.block).collect()
+        hottest.iter().filter(|c| c.on_standby & bit == 0).map(|c| c.block).collect()
     }
 }
 
@@ -79,12 +89,14 @@ fn resolve_max_blocks(max_blocks: Option<i64>) -> usize {
     }
 }
 
-/// Scans shared_buffers for hot, permanent blocks, noting which ones the filter contains.
-/// Blocks the standby has are kept only when `limit` may cut the hot set (they compete
-/// for its places). `report` publishes progress to aurora_ccm_status().
-fn scan_hot_set(filter: Option<&FilterView<'_>>, threshold: u8, limit: usize, report: bool) -> HotSet {
+/// Scans shared_buffers for hot, permanent blocks, noting which filters contain each.
+/// Blocks every standby has are kept only when a limit may cut the hot set (they compete
+/// for its places). `report` publishes progress to aurora_ccm_status(), counted against
+/// the first filter (the tier-0 standby's).
+fn scan_hot_set(filters: &[Option<FilterView<'_>>], threshold: u8, limits: &[usize], report: bool) -> HotSet {
     let count = buffers::buffer_count();
-    let keep_cached = limit < count;
+    let keep_cached = limits.iter().any(|&limit| limit < count);
+    let everywhere = if filters.len() >= 64 { u64::MAX } else { (1u64 << filters.len()) - 1 };
     let mut progress = ScanCounts::default();
     let mut candidates = Vec::new();
     for index in 0..count {
@@ -99,10 +111,15 @@ fn scan_hot_set(filter: Option<&FilterView<'_>>, threshold: u8, limit: usize, re
         if buffer.usage <= threshold || !buffer.permanent || buffer.address.fork > MAX_FORK {
             continue;
         }
-        let on_standby = filter.is_some_and(|filter| filter.contains(&buffer.address));
+        let mut on_standby = 0u64;
+        for (i, filter) in filters.iter().enumerate() {
+            if filter.as_ref().is_some_and(|filter| filter.contains(&buffer.address)) {
+                on_standby |= 1 << i;
+            }
+        }
         progress.found += 1;
-        progress.sent += u64::from(!on_standby);
-        if on_standby && !keep_cached {
+        progress.sent += u64::from(on_standby & 1 == 0);
+        if on_standby == everywhere && !keep_cached {
             continue;
         }
         candidates.push(Candidate {
@@ -110,7 +127,7 @@ fn scan_hot_set(filter: Option<&FilterView<'_>>, threshold: u8, limit: usize, re
             on_standby,
         });
     }
-    HotSet { candidates, found: progress.found, visited: count as u64 }
+    HotSet { candidates, ordered: false, found: progress.found, visited: count as u64 }
 }
 
 /// Packed list of the hot blocks (usage count above the threshold) that `filter` lacks.
@@ -124,15 +141,54 @@ fn ccm_hot_blocks(
     let view = filter.map(parse_filter);
     let threshold = resolve_threshold(usage_threshold);
     let limit = resolve_max_blocks(max_blocks);
+    hot_lists(&[view], threshold, &[limit]).pop().expect("one list per filter")
+}
 
+/// One scan for several standbys: for each filter (NULL: nothing known about that
+/// standby), the packed list of the hot blocks it lacks among its `max_blocks` hottest
+/// (NULL: no limit), in the order of the filters. aurora_ccm_status() counts the first.
+#[pg_extern(volatile, parallel_unsafe)]
+fn ccm_hot_blocks_each(
+    filters: Array<'_, &[u8]>,
+    max_blocks: Array<'_, i64>,
+    usage_threshold: default!(Option<i32>, "NULL"),
+) -> Vec<Vec<u8>> {
+    errors::require_enabled();
+    if filters.is_empty() || filters.len() > MAX_STANDBYS {
+        errors::invalid_argument(
+            format!("invalid number of filters: {}", filters.len()),
+            Some(format!("One scan serves from 1 to {MAX_STANDBYS} standbys.")),
+        );
+    }
+    if max_blocks.len() != filters.len() {
+        errors::invalid_argument(
+            format!("max_blocks has {} elements, filters has {}", max_blocks.len(), filters.len()),
+            Some("Give one max_blocks element (NULL for no limit) per filter.".into()),
+        );
+    }
+    let views: Vec<_> = filters.iter().map(|filter| filter.map(parse_filter)).collect();
+    let threshold = resolve_threshold(usage_threshold);
+    let limits: Vec<_> = max_blocks.iter().map(resolve_max_blocks).collect();
+    hot_lists(&views, threshold, &limits)
+}
+
+/// The scan behind ccm_hot_blocks() and ccm_hot_blocks_each(): one list per filter.
+fn hot_lists(filters: &[Option<FilterView<'_>>], threshold: u8, limits: &[usize]) -> Vec<Vec<u8>> {
     shmem::scan_started();
-    let hot = scan_hot_set(view.as_ref(), threshold, limit, true);
+    let mut hot = scan_hot_set(filters, threshold, limits, true);
     let (found, visited) = (hot.found, hot.visited);
-    let mut blocks = hot.to_send(limit);
-    shmem::scan_finished(ScanCounts { sent: blocks.len() as u64, found }, visited);
-
-    encode_block_list(&mut blocks, found, visited)
-        .expect("blocks from buffer headers are valid list entries")
+    let mut lists = Vec::with_capacity(filters.len());
+    for (index, &limit) in limits.iter().enumerate() {
+        let mut blocks = hot.to_send(index, limit);
+        if index == 0 {
+            shmem::scan_finished(ScanCounts { sent: blocks.len() as u64, found }, visited);
+        }
+        lists.push(
+            encode_block_list(&mut blocks, found, visited)
+                .expect("blocks from buffer headers are valid list entries"),
+        );
+    }
+    lists
 }
 
 /// The hot set as rows, one per block, with its usage count. Read-only: the
@@ -154,7 +210,7 @@ fn ccm_hot_buffers(
 > {
     let view = filter.map(parse_filter);
     let threshold = resolve_threshold(usage_threshold);
-    let mut blocks = scan_hot_set(view.as_ref(), threshold, usize::MAX, false).to_send(usize::MAX);
+    let mut blocks = scan_hot_set(&[view], threshold, &[usize::MAX], false).to_send(0, usize::MAX);
     blocks.sort_unstable_by_key(|block| block.addr);
     TableIterator::new(blocks.into_iter().map(block_row))
 }

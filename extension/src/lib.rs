@@ -43,6 +43,34 @@ pub extern "C-unwind" fn _PG_init() {
     wal_cache::init();
 }
 
+// Where a node's WAL comes from, for the agent's "never warm from the wrong primary" check.
+// pg_stat_wal_receiver shows its sender and timeline only to pg_read_all_stats; the agent's
+// role needs exactly these four values, so they are exposed through SECURITY DEFINER with a
+// fixed search_path, as contrib does for narrow privileged reads.
+extension_sql!(
+    r#"
+CREATE FUNCTION ccm_wal_source(
+    OUT in_recovery bool,
+    OUT timeline int4,
+    OUT sender_host text,
+    OUT sender_port int4
+) RETURNS record
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- A primary: the timeline it writes. A standby: the timeline its WAL receiver streams
+    -- and from where (NULLs while no WAL receiver runs).
+    SELECT r, CASE WHEN r THEN w.received_tli
+                   ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int4 END,
+           w.sender_host, w.sender_port
+    FROM (SELECT pg_is_in_recovery()) AS s(r)
+    LEFT JOIN pg_stat_wal_receiver AS w ON r AND w.status = 'streaming'
+$$;
+COMMENT ON FUNCTION ccm_wal_source() IS 'timeline and WAL sender of this node (for ccm-agent)';
+"#,
+    name = "wal_source",
+);
+
 // Nothing is executable by PUBLIC. Status and inspection go to pg_monitor; the transfer
 // functions to ccm_agent, the group role of the agent's (non-superuser) login role.
 extension_sql!(
@@ -83,6 +111,8 @@ REVOKE ALL ON FUNCTION ccm_unpack_block_list(bytea) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_hot_buffers(bytea, int4) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_buffer_filter(float8) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_hot_blocks(bytea, int8, int4) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_hot_blocks_each(bytea[], int8[], int4) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_wal_source() FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_prewarm(bytea) FROM PUBLIC;
 REVOKE ALL ON FUNCTION aurora_stat_logical_wal_cache() FROM PUBLIC;
 REVOKE ALL ON FUNCTION aurora_stat_reset_wal_cache(text) FROM PUBLIC;
@@ -97,6 +127,8 @@ GRANT EXECUTE ON FUNCTION ccm_unpack_block_list(bytea) TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_hot_buffers(bytea, int4) TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_buffer_filter(float8) TO ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_hot_blocks(bytea, int8, int4) TO ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_hot_blocks_each(bytea[], int8[], int4) TO ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_wal_source() TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_prewarm(bytea) TO ccm_agent;
 GRANT EXECUTE ON FUNCTION aurora_stat_logical_wal_cache() TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION get_oldest_wal_cache_ptr() TO pg_monitor, ccm_agent;

@@ -193,6 +193,54 @@ mod tests {
     }
 
     #[pg_test]
+    fn hot_blocks_each_is_one_list_per_filter() {
+        cached_table("each_t");
+        // The same filter given to ccm_hot_blocks() and to ccm_hot_blocks_each() gets the
+        // same list; no filter gets every hot block; each list obeys its own cap. Compared
+        // within one statement, so that no buffer is loaded between the scans.
+        Spi::run("CREATE TEMP TABLE f AS SELECT ccm_buffer_filter(0.001) AS f").unwrap();
+        let same = Spi::get_three::<bool, bool, bool>(
+            "SELECT l[1] = ccm_hot_blocks(f, NULL, 0), l[2] = ccm_hot_blocks(NULL, NULL, 0), \
+                    l[3] = ccm_hot_blocks(NULL, 3, 0) \
+             FROM f, LATERAL (SELECT ccm_hot_blocks_each(ARRAY[f, NULL, NULL], \
+                                                         ARRAY[NULL, NULL, 3]::int8[], 0) AS l) e",
+        )
+        .unwrap();
+        assert_eq!(same, (Some(true), Some(true), Some(true)));
+        let sizes = Spi::get_three::<i64, i64, i64>(
+            "SELECT (ccm_block_list_info(l[1])).blocks, (ccm_block_list_info(l[2])).blocks, \
+                    (ccm_block_list_info(l[3])).blocks \
+             FROM f, LATERAL (SELECT ccm_hot_blocks_each(ARRAY[f, NULL, NULL], \
+                                                         ARRAY[NULL, NULL, 3]::int8[], 0) AS l) e",
+        )
+        .unwrap();
+        let (Some(filtered), Some(everything), Some(capped)) = sizes else { panic!("{sizes:?}") };
+        assert!(everything > 100, "{everything}");
+        assert!(filtered * 50 < everything, "{filtered} of {everything} still sent");
+        assert_eq!(capped, 3);
+    }
+
+    #[pg_test(error = "max_blocks has 1 elements, filters has 2")]
+    fn hot_blocks_each_wants_one_cap_per_filter() {
+        Spi::run("SELECT ccm_hot_blocks_each(ARRAY[NULL, NULL]::bytea[], ARRAY[1]::int8[])").unwrap();
+    }
+
+    #[pg_test(error = "invalid number of filters: 65")]
+    fn hot_blocks_each_serves_at_most_64_standbys() {
+        Spi::run(
+            "SELECT ccm_hot_blocks_each(array_fill(NULL::bytea, ARRAY[65]), array_fill(NULL::int8, ARRAY[65]))",
+        )
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn wal_source_of_a_primary_is_its_timeline() {
+        let row = Spi::get_two::<bool, i32>("SELECT in_recovery, timeline FROM ccm_wal_source()").unwrap();
+        assert_eq!(row, (Some(false), Some(1)));
+        assert_eq!(one_i64("SELECT count(sender_host) FROM ccm_wal_source()"), 0);
+    }
+
+    #[pg_test]
     fn unpacked_list_matches_hot_buffers() {
         cached_table("unpack_t");
         let unpacked = one_i64(
@@ -280,9 +328,13 @@ mod tests {
         assert!(allowed("ccm_test_monitor", "ccm_hot_buffers(bytea, int4)"));
         assert!(!allowed("ccm_test_monitor", "ccm_prewarm(bytea)"));
         assert!(!allowed("ccm_test_monitor", "ccm_hot_blocks(bytea, int8, int4)"));
+        assert!(allowed("ccm_test_monitor", "ccm_wal_source()"));
+        assert!(!allowed("ccm_test_monitor", "ccm_hot_blocks_each(bytea[], int8[], int4)"));
         for function in [
             "ccm_buffer_filter(float8)",
             "ccm_hot_blocks(bytea, int8, int4)",
+            "ccm_hot_blocks_each(bytea[], int8[], int4)",
+            "ccm_wal_source()",
             "ccm_prewarm(bytea)",
             "aurora_ccm_status()",
         ] {
