@@ -11,6 +11,7 @@ mod conninfo;
 mod metrics;
 mod node;
 mod notify;
+mod patroni;
 mod pgpass;
 mod reload;
 mod status;

@@ -1,0 +1,1349 @@
+//! Patroni REST API client: who leads the cluster, and who may lead it next.
+//!
+//! `fetch_cluster` asks the first Patroni member that answers (`--patroni URL[,URL…]`, tried in
+//! order) for `GET {url}/cluster` and `parse_cluster` turns the document into a `Cluster`. The
+//! document is `patroni.utils.cluster_as_json` (Patroni 3.x and 4.x): `members[]` with `name`,
+//! `role` (`leader`, `standby_leader`, `sync_standby`, `quorum_standby`, `replica`), `state`,
+//! `api_url`, `host`/`port` (PostgreSQL's `connect_address`), `timeline`, `lag` (bytes behind
+//! the leader, or the string `"unknown"`) and `tags`. Patroni publishes the boolean tags only
+//! when they are set, so a `failover_priority` of 0 or less means "never leader" just as
+//! `nofailover` does (Patroni 4's rule for an absent `nofailover`).
+//!
+//! The client is HTTP/1.1 over hyper's connection API on a tokio `TcpStream`, or on rustls for
+//! `https` (the system's trust store via rustls-native-certs, which honours `SSL_CERT_FILE` and
+//! `SSL_CERT_DIR`; host names verified; loaded once per process). Everything from the network
+//! is bounded: each URL gets the whole `timeout` for resolve + connect + TLS + response, the
+//! body is capped at `MAX_BODY`, any status but 200 and any malformed document are errors, and
+//! the caller's `CancellationToken` ends the call at once. A URL's userinfo becomes a Basic
+//! `Authorization` header; the password never appears in a message (`http://user:***@host`).
+
+use std::fmt::{self, Write as _};
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
+use hyper::header::{
+    HeaderValue, ACCEPT, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, HOST, USER_AGENT,
+};
+use hyper::{Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, RootCertStore};
+use serde_json::{Map, Value};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+/// The largest `/cluster` body accepted; a real one is a few hundred bytes per member.
+pub const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// A member's role as `/cluster` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// `leader`: the primary of a (non-standby) cluster.
+    Leader,
+    /// `replica`, `sync_standby` or `quorum_standby`.
+    Replica,
+    /// `standby_leader`: the member of a standby cluster that follows the remote primary.
+    StandbyLeader,
+    /// Anything else, as sent.
+    Other(String),
+}
+
+impl Role {
+    fn parse(role: &str) -> Role {
+        match role {
+            // "master"/"primary" never appear in /cluster, but cost nothing to accept.
+            "leader" | "master" | "primary" => Role::Leader,
+            "replica" | "sync_standby" | "quorum_standby" => Role::Replica,
+            "standby_leader" => Role::StandbyLeader,
+            other => Role::Other(other.to_string()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Role::Leader => "leader",
+            Role::Replica => "replica",
+            Role::StandbyLeader => "standby_leader",
+            Role::Other(role) => role,
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One entry of `/cluster`'s `members`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub role: Role,
+    /// `running`, `streaming`, `stopped`, `starting`, … (empty when absent).
+    pub state: String,
+    /// PostgreSQL's host (`postgresql.connect_address`).
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub api_url: Option<String>,
+    pub timeline: Option<u32>,
+    /// Bytes behind the leader; None when unknown (or for the leader itself).
+    pub lag_bytes: Option<u64>,
+    pub nofailover: bool,
+    /// Default 1; 0 or less means never leader (Patroni 4).
+    pub failover_priority: i64,
+    pub noloadbalance: bool,
+}
+
+impl Member {
+    /// Why this member can never be promoted (tags), if it cannot.
+    fn never_leader(&self) -> Option<&'static str> {
+        if self.nofailover {
+            Some("nofailover")
+        } else if self.failover_priority <= 0 {
+            Some("failover_priority 0")
+        } else {
+            None
+        }
+    }
+
+    /// Why the agent could not connect to this member's PostgreSQL, if it could not.
+    fn unreachable(&self) -> Option<&'static str> {
+        if self.host.is_none() {
+            Some("no host")
+        } else if self.port.is_none() {
+            Some("no port")
+        } else {
+            None
+        }
+    }
+}
+
+/// The cluster as one Patroni member sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    pub members: Vec<Member>,
+    /// The base URL that answered, password masked.
+    pub source: String,
+}
+
+impl Cluster {
+    /// The primary: the member with role `leader`. A standby cluster's `standby_leader` is not
+    /// a primary, so such a cluster has none.
+    pub fn leader(&self) -> Option<&Member> {
+        self.members.iter().find(|m| m.role == Role::Leader)
+    }
+
+    /// Members that may become leader, best first: replicas (not the leader) that are not
+    /// nofailover and have failover_priority > 0 (unless include_nofailover), ordered by
+    /// failover_priority desc, then lag asc (unknown lag last), then name. Members without
+    /// host/port are left out.
+    pub fn candidates(&self, include_nofailover: bool) -> Vec<&Member> {
+        let mut found: Vec<&Member> = self
+            .replicas()
+            .filter(|m| exclusion(m, include_nofailover).is_none())
+            .collect();
+        found.sort_by(|a, b| {
+            b.failover_priority
+                .cmp(&a.failover_priority)
+                .then_with(|| a.lag_bytes.is_none().cmp(&b.lag_bytes.is_none()))
+                .then_with(|| a.lag_bytes.cmp(&b.lag_bytes))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        found
+    }
+
+    /// Members left out and why ("nofailover", "failover_priority 0", "no host", "no port",
+    /// "not a replica"), for logs/status. The leader and a standby leader are not listed.
+    pub fn excluded(&self, include_nofailover: bool) -> Vec<(&Member, &'static str)> {
+        let odd_roles = self
+            .members
+            .iter()
+            .filter(|m| matches!(m.role, Role::Other(_)))
+            .map(|m| (m, "not a replica"));
+        let replicas = self
+            .replicas()
+            .filter_map(|m| exclusion(m, include_nofailover).map(|why| (m, why)));
+        odd_roles.chain(replicas).collect()
+    }
+
+    fn replicas(&self) -> impl Iterator<Item = &Member> {
+        self.members.iter().filter(|m| m.role == Role::Replica)
+    }
+}
+
+fn exclusion(member: &Member, include_nofailover: bool) -> Option<&'static str> {
+    let tags = if include_nofailover {
+        None
+    } else {
+        member.never_leader()
+    };
+    tags.or_else(|| member.unreachable())
+}
+
+/// Errors of this module. Every message is complete in itself (no `source()`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatroniError {
+    #[error("no Patroni REST API URL given")]
+    NoUrls,
+    #[error("invalid Patroni REST API URL \"{url}\": {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("invalid /cluster document from {url}: {reason}")]
+    InvalidDocument { url: String, reason: String },
+    /// Every URL failed; one "url: reason" per URL, in the order tried.
+    #[error("could not get the cluster state from Patroni: {}", .0.join("; "))]
+    Unreachable(Vec<String>),
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// Parse a `/cluster` document; `source` is the URL it came from (kept in `Cluster::source`,
+/// password masked).
+pub fn parse_cluster(body: &[u8], source: &str) -> Result<Cluster, PatroniError> {
+    let source = mask_url(source);
+    match parse_members(body) {
+        Ok(members) => Ok(Cluster { members, source }),
+        Err(reason) => Err(PatroniError::InvalidDocument {
+            url: source,
+            reason,
+        }),
+    }
+}
+
+/// Check a `--patroni` URL without using it (for configuration checks at startup).
+pub fn validate_url(url: &str) -> Result<(), PatroniError> {
+    Target::parse(url)
+        .map(|_| ())
+        .map_err(|reason| PatroniError::InvalidUrl {
+            url: mask_url(url),
+            reason,
+        })
+}
+
+/// Ask the URLs in order for `/cluster`; the first 200 with a valid document wins. Each URL gets
+/// `timeout` in all; the failures of every URL make up the error when none answers.
+pub async fn fetch_cluster(
+    urls: &[String],
+    timeout: Duration,
+    cancel: &CancellationToken,
+) -> Result<Cluster, PatroniError> {
+    fetch_cluster_limited(urls, timeout, cancel, MAX_BODY).await
+}
+
+async fn fetch_cluster_limited(
+    urls: &[String],
+    timeout: Duration,
+    cancel: &CancellationToken,
+    limit: usize,
+) -> Result<Cluster, PatroniError> {
+    if urls.is_empty() {
+        return Err(PatroniError::NoUrls);
+    }
+    let mut failures = Vec::with_capacity(urls.len());
+    for url in urls {
+        if cancel.is_cancelled() {
+            return Err(PatroniError::Cancelled);
+        }
+        let outcome = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(PatroniError::Cancelled),
+            outcome = try_url(url, timeout, limit) => outcome,
+        };
+        match outcome {
+            Ok(cluster) => return Ok(cluster),
+            Err(failure) => {
+                debug!(%failure, "Patroni REST API did not answer");
+                failures.push(failure);
+            }
+        }
+    }
+    Err(PatroniError::Unreachable(failures))
+}
+
+/// One URL, start to end; the error is "url: reason".
+async fn try_url(url: &str, timeout: Duration, limit: usize) -> Result<Cluster, String> {
+    let target =
+        Target::parse(url).map_err(|reason| format!("{}: invalid URL: {reason}", mask_url(url)))?;
+    let body = match tokio::time::timeout(timeout, get(&target, limit)).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "timed out after {}",
+            humantime::format_duration(timeout)
+        )),
+    }
+    .map_err(|reason| format!("{}: {reason}", target.shown))?;
+    parse_cluster(&body, &target.shown).map_err(|error| match error {
+        PatroniError::InvalidDocument { url, reason } => {
+            format!("{url}: invalid /cluster document: {reason}")
+        }
+        other => format!("{}: {other}", target.shown),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// URLs
+
+/// A parsed `--patroni` URL, ready to request `/cluster` from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    tls: bool,
+    /// Host name or IP address, without IPv6 brackets.
+    host: String,
+    port: u16,
+    /// The authority without userinfo, for the Host header.
+    host_header: String,
+    /// The request path: the URL's path without trailing slashes, then `/cluster`.
+    path: String,
+    /// `Basic …` when the URL has userinfo.
+    authorization: Option<String>,
+    /// The base URL for messages: no trailing slash, password masked.
+    shown: String,
+}
+
+impl Target {
+    fn parse(url: &str) -> Result<Target, String> {
+        let url = url.trim();
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| "expected http://host:port or https://host:port".to_string())?;
+        let tls = match scheme.to_ascii_lowercase().as_str() {
+            "http" => false,
+            "https" => true,
+            _ => {
+                return Err(format!(
+                    "unsupported scheme \"{scheme}\" (expected http or https)"
+                ))
+            }
+        };
+        if rest.contains(['?', '#']) {
+            return Err("a query or fragment is not supported".to_string());
+        }
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((userinfo, hostport)) => (Some(userinfo), hostport),
+            None => (None, authority),
+        };
+        let (host, port) = split_host_port(hostport, if tls { 443 } else { 80 })?;
+        let base_path = path.trim_end_matches('/');
+        let path = format!("{base_path}/cluster");
+        hyper::http::uri::PathAndQuery::try_from(path.as_str())
+            .map_err(|_| format!("invalid path \"{base_path}\""))?;
+        HeaderValue::from_str(hostport).map_err(|_| format!("invalid host \"{hostport}\""))?;
+        let authorization = userinfo.map(basic_authorization);
+        let shown = format!(
+            "{}://{}{hostport}{base_path}",
+            scheme.to_ascii_lowercase(),
+            userinfo
+                .map(|u| format!("{}@", mask_userinfo(u)))
+                .unwrap_or_default()
+        );
+        Ok(Target {
+            tls,
+            host,
+            port,
+            host_header: hostport.to_string(),
+            path,
+            authorization,
+            shown,
+        })
+    }
+}
+
+/// `host`, `host:port`, `[v6]` or `[v6]:port` → (host without brackets, port).
+fn split_host_port(hostport: &str, default_port: u16) -> Result<(String, u16), String> {
+    let (host, port) = if let Some(bracketed) = hostport.strip_prefix('[') {
+        let (host, after) = bracketed
+            .split_once(']')
+            .ok_or_else(|| format!("invalid host \"{hostport}\" (missing \"]\")"))?;
+        match after {
+            "" => (host, None),
+            _ => match after.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None => return Err(format!("invalid host \"{hostport}\"")),
+            },
+        }
+    } else {
+        match hostport.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (hostport, None),
+        }
+    };
+    if host.is_empty() {
+        return Err("missing host name".to_string());
+    }
+    let port = match port {
+        None => default_port,
+        Some(text) => match text.parse::<u16>() {
+            Ok(port) if port != 0 => port,
+            _ => return Err(format!("invalid port \"{text}\"")),
+        },
+    };
+    Ok((host.to_string(), port))
+}
+
+/// The URL with its password (if any) replaced by `***`; safe to log.
+pub fn mask_url(url: &str) -> String {
+    let (prefix, rest) = match url.find("://") {
+        Some(at) => url.split_at(at + 3),
+        None => ("", url),
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, hostport)) => {
+            format!("{prefix}{}@{hostport}{tail}", mask_userinfo(userinfo))
+        }
+        None => url.to_string(),
+    }
+}
+
+fn mask_userinfo(userinfo: &str) -> String {
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => userinfo.to_string(),
+    }
+}
+
+/// `Basic base64(user:password)`, both percent-decoded.
+fn basic_authorization(userinfo: &str) -> String {
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let mut credentials = percent_decode(user);
+    credentials.push(b':');
+    credentials.extend(percent_decode(password));
+    format!("Basic {}", base64(&credentials))
+}
+
+fn percent_decode(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (k, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
+            if k <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP
+
+/// GET the target's `/cluster` and return the body of a 200 response.
+async fn get(target: &Target, limit: usize) -> Result<Bytes, String> {
+    let tcp = connect(&target.host, target.port).await?;
+    if target.tls {
+        let tls = tls_handshake(&target.host, tcp).await?;
+        exchange(tls, target, limit).await
+    } else {
+        exchange(tcp, target, limit).await
+    }
+}
+
+async fn connect(host: &str, port: u16) -> Result<TcpStream, String> {
+    let addresses = tokio::net::lookup_host((host, port)).await.map_err(|e| {
+        format!(
+            "could not resolve host name \"{host}\": {}",
+            describe_io(&e)
+        )
+    })?;
+    let mut last_error = None;
+    for address in addresses {
+        match TcpStream::connect(address).await {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(match last_error {
+        Some(e) => describe_io(&e),
+        None => format!("host name \"{host}\" resolved to no address"),
+    })
+}
+
+async fn tls_handshake(
+    host: &str,
+    tcp: TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+    let name = ServerName::try_from(host.to_string())
+        .map_err(|_| format!("\"{host}\" is not a valid TLS server name"))?;
+    let connector = tokio_rustls::TlsConnector::from(tls_config()?);
+    connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS handshake failed: {}", describe_io(&e)))
+}
+
+/// The client configuration for https: the system's trust store, no client certificate.
+/// Built on first use and kept (a failure is not kept: the next call tries again).
+fn tls_config() -> Result<Arc<ClientConfig>, String> {
+    static CONFIG: Mutex<Option<Arc<ClientConfig>>> = Mutex::new(None);
+    let mut slot = CONFIG
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(config) = slot.as_ref() {
+        return Ok(config.clone());
+    }
+    let loaded = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(loaded.certs);
+    if added == 0 {
+        let why = loaded
+            .errors
+            .first()
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "no certificate found".to_string());
+        return Err(format!(
+            "could not load the system's root certificates: {why}"
+        ));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("could not set up TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let config = Arc::new(config);
+    *slot = Some(config.clone());
+    Ok(config)
+}
+
+/// Aborts the connection task when the request is over, finished or dropped (timeout).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One request on a fresh connection: status must be 200, body at most `limit` bytes.
+async fn exchange<S>(stream: S, target: &Target, limit: usize) -> Result<Bytes, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
+            .await
+            .map_err(|e| describe_error(&e))?;
+    let _driver = AbortOnDrop(tokio::spawn(async move {
+        let _ = connection.await;
+    }));
+    let response = sender
+        .send_request(request(target)?)
+        .await
+        .map_err(|e| describe_error(&e))?;
+    if response.status() != StatusCode::OK {
+        return Err(format!("HTTP status {}", response.status()));
+    }
+    let declared = response
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(too_large(limit));
+    }
+    match Limited::new(response.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large(limit)),
+        Err(e) => Err(format!(
+            "could not read the response: {}",
+            describe_error(&*e)
+        )),
+    }
+}
+
+fn request(target: &Target) -> Result<Request<Empty<Bytes>>, String> {
+    let mut builder = Request::get(target.path.as_str())
+        .header(HOST, target.host_header.as_str())
+        .header(ACCEPT, "application/json")
+        .header(USER_AGENT, concat!("ccm-agent/", env!("CARGO_PKG_VERSION")))
+        .header(CONNECTION, "close");
+    if let Some(credentials) = &target.authorization {
+        let mut value = HeaderValue::from_str(credentials)
+            .map_err(|_| "invalid user name or password".to_string())?;
+        value.set_sensitive(true);
+        builder = builder.header(AUTHORIZATION, value);
+    }
+    builder
+        .body(Empty::new())
+        .map_err(|e| format!("could not build the request: {e}"))
+}
+
+fn too_large(limit: usize) -> String {
+    if limit.is_multiple_of(1024 * 1024) {
+        format!("response too large (over {} MiB)", limit / (1024 * 1024))
+    } else {
+        format!("response too large (over {limit} bytes)")
+    }
+}
+
+/// An io::Error as a lowercase phrase without "(os error N)".
+fn describe_io(error: &io::Error) -> String {
+    match error.kind() {
+        io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
+        io::ErrorKind::ConnectionReset => "connection reset by peer".to_string(),
+        io::ErrorKind::TimedOut => "connection timed out".to_string(),
+        _ => {
+            let text = error.to_string();
+            let text = match text.find(" (os error ") {
+                Some(at) => text[..at].to_string(),
+                None => text,
+            };
+            lowercase_first(&text)
+        }
+    }
+}
+
+/// An error and its causes, "outer: inner: …", skipping repeats (hyper's errors).
+fn describe_error(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = lowercase_first(&error.to_string());
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        let part = match inner.downcast_ref::<io::Error>() {
+            Some(io_error) => describe_io(io_error),
+            None => lowercase_first(&inner.to_string()),
+        };
+        if !text.contains(&part) {
+            let _ = write!(text, ": {part}");
+        }
+        cause = inner.source();
+    }
+    text
+}
+
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        // Keep acronyms such as "TLS" or "HTTP" as they are.
+        Some(first) if !chars.next().is_some_and(|c| c.is_uppercase()) => first
+            .to_lowercase()
+            .chain(text[first.len_utf8()..].chars())
+            .collect(),
+        _ => text.to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The /cluster document
+
+fn parse_members(body: &[u8]) -> Result<Vec<Member>, String> {
+    let document: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let members = document
+        .as_object()
+        .ok_or("expected a JSON object")?
+        .get("members")
+        .ok_or("no \"members\" list")?
+        .as_array()
+        .ok_or("\"members\" is not a list")?;
+    members
+        .iter()
+        .enumerate()
+        .map(|(i, value)| parse_member(value).map_err(|e| format!("member {}: {e}", i + 1)))
+        .collect()
+}
+
+fn parse_member(value: &Value) -> Result<Member, String> {
+    let fields = value.as_object().ok_or("expected a JSON object")?;
+    let name = match fields.get("name") {
+        Some(Value::String(name)) if !name.is_empty() => name.clone(),
+        _ => return Err("no name".to_string()),
+    };
+    let text = |key: &str| fields.get(key).and_then(Value::as_str).map(str::to_string);
+    let empty = Map::new();
+    let tags = fields
+        .get("tags")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    Ok(Member {
+        role: Role::parse(text("role").as_deref().unwrap_or("")),
+        state: text("state").unwrap_or_default(),
+        host: text("host").filter(|h| !h.is_empty()),
+        port: fields
+            .get("port")
+            .and_then(as_u64)
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|&p| p != 0),
+        api_url: text("api_url"),
+        timeline: fields
+            .get("timeline")
+            .and_then(as_u64)
+            .and_then(|t| u32::try_from(t).ok()),
+        lag_bytes: fields.get("lag").and_then(as_u64),
+        nofailover: tags.get("nofailover").is_some_and(truthy),
+        failover_priority: tags.get("failover_priority").and_then(as_i64).unwrap_or(1),
+        noloadbalance: tags.get("noloadbalance").is_some_and(truthy),
+        name,
+    })
+}
+
+/// A non-negative integer given as a number or a numeric string ("unknown" → None). A
+/// negative lag (a replica ahead of the leader's last known position) counts as 0.
+fn as_u64(value: &Value) -> Option<u64> {
+    as_i64(value).map(|n| u64::try_from(n).unwrap_or(0))
+}
+
+fn as_i64(value: &Value) -> Option<i64> {
+    match value {
+        Value::Number(n) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e18)
+                .map(|f| f as i64)
+        }),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// A tag's truth: booleans, numbers, and the strings PostgreSQL and YAML take for booleans;
+/// any other non-empty string is true, as Python's `bool()` says.
+fn truthy(value: &Value) -> bool {
+    match value {
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !matches!(
+            s.trim().to_ascii_lowercase().as_str(),
+            "" | "false" | "f" | "no" | "n" | "off" | "0"
+        ),
+        Value::Null => false,
+        Value::Array(items) => !items.is_empty(),
+        Value::Object(fields) => !fields.is_empty(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+
+    /// Patroni 3.0.x: three members, synchronous mode, one nofailover replica.
+    const PATRONI_3_0: &str = r#"{
+      "members": [
+        {"name": "pg-a", "role": "leader", "state": "running",
+         "api_url": "http://10.0.0.11:8008/patroni", "host": "10.0.0.11", "port": 5432,
+         "timeline": 4},
+        {"name": "pg-b", "role": "sync_standby", "state": "streaming",
+         "api_url": "http://10.0.0.12:8008/patroni", "host": "10.0.0.12", "port": 5432,
+         "timeline": 4, "lag": 0},
+        {"name": "pg-c", "role": "replica", "state": "streaming",
+         "api_url": "http://10.0.0.13:8008/patroni", "host": "10.0.0.13", "port": 5432,
+         "timeline": 4, "tags": {"nofailover": true, "noloadbalance": true}, "lag": 16384}
+      ],
+      "scope": "batman"
+    }"#;
+
+    /// Patroni 4.0.x: quorum commit, failover priorities, an unknown lag, a stopped member,
+    /// a pending restart and a scheduled switchover.
+    const PATRONI_4: &str = r#"{
+      "members": [
+        {"name": "node1", "role": "leader", "state": "running",
+         "api_url": "https://node1.db.internal:8008/patroni", "host": "node1.db.internal",
+         "port": 5432, "timeline": 7, "pending_restart": true,
+         "pending_restart_reason": {"max_connections": {"old_value": "100", "new_value": "200"}},
+         "tags": {"failover_priority": 3}},
+        {"name": "node2", "role": "quorum_standby", "state": "streaming",
+         "api_url": "https://node2.db.internal:8008/patroni", "host": "node2.db.internal",
+         "port": 5432, "timeline": 7, "tags": {"failover_priority": 2},
+         "receive_lag": 0, "receive_lsn": "0/5000148", "replay_lag": 1024,
+         "replay_lsn": "0/4FFFD48", "lag": 1024, "lsn": "0/4FFFD48"},
+        {"name": "node3", "role": "quorum_standby", "state": "streaming",
+         "api_url": "https://node3.db.internal:8008/patroni", "host": "node3.db.internal",
+         "port": 5433, "timeline": 7, "tags": {"failover_priority": 2},
+         "receive_lag": 0, "receive_lsn": "0/5000148", "replay_lag": 0,
+         "replay_lsn": "0/5000148", "lag": 0, "lsn": "0/5000148"},
+        {"name": "node4", "role": "replica", "state": "stopped",
+         "api_url": "https://node4.db.internal:8008/patroni", "host": "node4.db.internal",
+         "port": 5432, "tags": {"failover_priority": 0},
+         "receive_lag": "unknown", "receive_lsn": "unknown", "replay_lag": "unknown",
+         "replay_lsn": "unknown", "lag": "unknown", "lsn": "unknown"},
+        {"name": "node5", "role": "replica", "state": "starting",
+         "api_url": "https://node5.db.internal:8008/patroni", "host": "node5.db.internal",
+         "port": 5432, "receive_lag": "unknown", "receive_lsn": "unknown",
+         "replay_lag": "unknown", "replay_lsn": "unknown", "lag": "unknown", "lsn": "unknown"}
+      ],
+      "scope": "orders",
+      "pause": true,
+      "scheduled_switchover": {"at": "2025-03-01T03:00:00+00:00", "from": "node1", "to": "node3"}
+    }"#;
+
+    /// A standby cluster (Patroni 4): its leader is a standby_leader.
+    const STANDBY_CLUSTER: &str = r#"{
+      "members": [
+        {"name": "dr1", "role": "standby_leader", "state": "streaming",
+         "api_url": "http://dr1:8008/patroni", "host": "dr1", "port": 5432, "timeline": 7},
+        {"name": "dr2", "role": "replica", "state": "streaming",
+         "api_url": "http://dr2:8008/patroni", "host": "dr2", "port": 5432, "timeline": 7,
+         "receive_lag": 0, "receive_lsn": "0/5000148", "replay_lag": 0,
+         "replay_lsn": "0/5000148", "lag": 0, "lsn": "0/5000148"}
+      ],
+      "scope": "orders-dr"
+    }"#;
+
+    fn names(members: &[&Member]) -> Vec<String> {
+        members.iter().map(|m| m.name.clone()).collect()
+    }
+
+    fn reasons(cluster: &Cluster, include_nofailover: bool) -> Vec<String> {
+        cluster
+            .excluded(include_nofailover)
+            .iter()
+            .map(|(m, why)| format!("{}={why}", m.name))
+            .collect()
+    }
+
+    #[test]
+    fn parses_patroni_3_0() {
+        let cluster = parse_cluster(PATRONI_3_0.as_bytes(), "http://pg-a:8008").unwrap();
+        assert_eq!(cluster.source, "http://pg-a:8008");
+        assert_eq!(cluster.members.len(), 3);
+        let leader = cluster.leader().unwrap();
+        assert_eq!(leader.name, "pg-a");
+        assert_eq!(leader.host.as_deref(), Some("10.0.0.11"));
+        assert_eq!(leader.port, Some(5432));
+        assert_eq!(leader.timeline, Some(4));
+        assert_eq!(leader.lag_bytes, None);
+        assert_eq!(leader.failover_priority, 1);
+        let b = &cluster.members[1];
+        assert_eq!(b.role, Role::Replica);
+        assert_eq!(b.state, "streaming");
+        assert_eq!(b.lag_bytes, Some(0));
+        assert_eq!(b.api_url.as_deref(), Some("http://10.0.0.12:8008/patroni"));
+        let c = &cluster.members[2];
+        assert!(c.nofailover && c.noloadbalance);
+        assert_eq!(c.lag_bytes, Some(16384));
+        assert_eq!(names(&cluster.candidates(false)), ["pg-b"]);
+        assert_eq!(reasons(&cluster, false), ["pg-c=nofailover"]);
+        assert_eq!(names(&cluster.candidates(true)), ["pg-b", "pg-c"]);
+        assert!(cluster.excluded(true).is_empty());
+    }
+
+    #[test]
+    fn parses_patroni_4() {
+        let cluster =
+            parse_cluster(PATRONI_4.as_bytes(), "https://node1.db.internal:8008").unwrap();
+        assert_eq!(cluster.leader().unwrap().name, "node1");
+        assert_eq!(cluster.leader().unwrap().failover_priority, 3);
+        let node2 = &cluster.members[1];
+        assert_eq!(
+            (node2.role.clone(), node2.lag_bytes),
+            (Role::Replica, Some(1024))
+        );
+        assert_eq!(node2.failover_priority, 2);
+        let node4 = &cluster.members[3];
+        assert_eq!(
+            (node4.state.as_str(), node4.lag_bytes, node4.timeline),
+            ("stopped", None, None)
+        );
+        // Priority first (node2, node3 before node5), then lag (node3 before node2).
+        assert_eq!(
+            names(&cluster.candidates(false)),
+            ["node3", "node2", "node5"]
+        );
+        assert_eq!(reasons(&cluster, false), ["node4=failover_priority 0"]);
+        // Included on request, last: priority 0, then unknown lag.
+        assert_eq!(
+            names(&cluster.candidates(true)),
+            ["node3", "node2", "node5", "node4"]
+        );
+    }
+
+    #[test]
+    fn standby_cluster_has_no_primary() {
+        let cluster = parse_cluster(STANDBY_CLUSTER.as_bytes(), "http://dr1:8008").unwrap();
+        assert_eq!(cluster.leader(), None);
+        assert_eq!(cluster.members[0].role, Role::StandbyLeader);
+        assert_eq!(names(&cluster.candidates(false)), ["dr2"]);
+        assert!(cluster.excluded(false).is_empty());
+    }
+
+    #[test]
+    fn unknown_lag_sorts_last_then_name() {
+        let body = r#"{"members": [
+            {"name": "z", "role": "replica", "state": "streaming", "host": "z", "port": 5432, "lag": "unknown"},
+            {"name": "y", "role": "replica", "state": "streaming", "host": "y", "port": 5432},
+            {"name": "b", "role": "replica", "state": "streaming", "host": "b", "port": 5432, "lag": 10},
+            {"name": "a", "role": "replica", "state": "streaming", "host": "a", "port": 5432, "lag": 10},
+            {"name": "c", "role": "sync_standby", "state": "streaming", "host": "c", "port": 5432, "lag": 0}
+        ]}"#;
+        let cluster = parse_cluster(body.as_bytes(), "http://x:8008").unwrap();
+        assert_eq!(names(&cluster.candidates(false)), ["c", "a", "b", "y", "z"]);
+        assert_eq!(cluster.leader(), None);
+    }
+
+    #[test]
+    fn tolerates_loose_tag_and_number_types() {
+        let body = r#"{"members": [
+            {"name": "s1", "role": "replica", "state": "streaming", "host": "s1", "port": "5433",
+             "timeline": "7", "lag": "2048",
+             "tags": {"nofailover": "true", "noloadbalance": "on", "failover_priority": "5"}},
+            {"name": "s2", "role": "replica", "state": "streaming", "host": "s2", "port": 5432,
+             "lag": 1.0, "tags": {"nofailover": "false", "failover_priority": -1}},
+            {"name": "s3", "role": "replica", "state": "streaming", "host": "s3", "port": 70000,
+             "tags": {"failover_priority": "high", "nofailover": null}},
+            {"name": "s4", "role": "replica", "state": "streaming", "port": 5432, "tags": null},
+            {"name": "s5", "role": "uninitialized", "state": "creating replica", "host": "s5", "port": 5432}
+        ]}"#;
+        let cluster = parse_cluster(body.as_bytes(), "http://x:8008").unwrap();
+        let s1 = &cluster.members[0];
+        assert_eq!(
+            (s1.port, s1.timeline, s1.lag_bytes),
+            (Some(5433), Some(7), Some(2048))
+        );
+        assert!(s1.nofailover && s1.noloadbalance);
+        assert_eq!(s1.failover_priority, 5);
+        let s2 = &cluster.members[1];
+        assert!(!s2.nofailover);
+        assert_eq!((s2.failover_priority, s2.lag_bytes), (-1, Some(1)));
+        let s3 = &cluster.members[2];
+        assert_eq!(
+            (s3.port, s3.failover_priority, s3.nofailover),
+            (None, 1, false)
+        );
+        assert_eq!(cluster.members[4].role, Role::Other("uninitialized".into()));
+        assert_eq!(cluster.members[4].role.to_string(), "uninitialized");
+        assert_eq!(Role::StandbyLeader.to_string(), "standby_leader");
+        assert!(cluster.candidates(false).is_empty());
+        assert_eq!(
+            reasons(&cluster, false),
+            [
+                "s5=not a replica",
+                "s1=nofailover",
+                "s2=failover_priority 0",
+                "s3=no port",
+                "s4=no host"
+            ]
+        );
+        assert_eq!(names(&cluster.candidates(true)), ["s1", "s2"]);
+    }
+
+    #[test]
+    fn rejects_malformed_documents_without_panicking() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"", "EOF while parsing a value at line 1 column 0"),
+            (
+                b"<html>502 Bad Gateway</html>",
+                "expected value at line 1 column 1",
+            ),
+            (b"[]", "expected a JSON object"),
+            (b"{}", "no \"members\" list"),
+            (br#"{"members": {}}"#, "\"members\" is not a list"),
+            (br#"{"members": [1]}"#, "member 1: expected a JSON object"),
+            (
+                br#"{"members": [{"name": "a"}, {"role": "leader"}]}"#,
+                "member 2: no name",
+            ),
+            (b"\xff\xfe", "expected value at line 1 column 1"),
+        ];
+        for (body, reason) in cases {
+            let error = parse_cluster(body, "http://u:secret@x:8008").unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!("invalid /cluster document from http://u:***@x:8008: {reason}")
+            );
+        }
+        let empty = parse_cluster(br#"{"members": []}"#, "http://x:8008").unwrap();
+        assert!(empty.members.is_empty() && empty.leader().is_none());
+    }
+
+    #[test]
+    fn parses_urls() {
+        let t = Target::parse("http://node1:8008/").unwrap();
+        assert_eq!((t.tls, t.host.as_str(), t.port), (false, "node1", 8008));
+        assert_eq!(
+            (t.host_header.as_str(), t.path.as_str()),
+            ("node1:8008", "/cluster")
+        );
+        assert_eq!(
+            (t.shown.as_str(), t.authorization),
+            ("http://node1:8008", None)
+        );
+
+        let t = Target::parse(" HTTPS://[fd00::5]/patroni// ").unwrap();
+        assert_eq!((t.tls, t.host.as_str(), t.port), (true, "fd00::5", 443));
+        assert_eq!(
+            (t.host_header.as_str(), t.path.as_str()),
+            ("[fd00::5]", "/patroni/cluster")
+        );
+        assert_eq!(t.shown, "https://[fd00::5]/patroni");
+
+        let t = Target::parse("http://admin:p%40ss:w@10.1.2.3:8008").unwrap();
+        assert_eq!(t.host, "10.1.2.3");
+        assert_eq!(t.shown, "http://admin:***@10.1.2.3:8008");
+        // base64("admin:p@ss:w")
+        assert_eq!(t.authorization.as_deref(), Some("Basic YWRtaW46cEBzczp3"));
+
+        for (url, reason) in [
+            (
+                "node1:8008",
+                "expected http://host:port or https://host:port",
+            ),
+            (
+                "ftp://node1",
+                "unsupported scheme \"ftp\" (expected http or https)",
+            ),
+            ("http://:8008", "missing host name"),
+            ("http://node1:0", "invalid port \"0\""),
+            ("http://node1:80a", "invalid port \"80a\""),
+            (
+                "http://[::1:8008",
+                "invalid host \"[::1:8008\" (missing \"]\")",
+            ),
+            (
+                "http://node1:8008/cluster?x=1",
+                "a query or fragment is not supported",
+            ),
+            ("http://node1:8008/a b", "invalid path \"/a b\""),
+        ] {
+            assert_eq!(Target::parse(url).unwrap_err(), reason, "{url}");
+        }
+        let error = validate_url("gopher://u:pw@h").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid Patroni REST API URL \"gopher://u:***@h\": unsupported scheme \"gopher\" (expected http or https)"
+        );
+    }
+
+    #[test]
+    fn masks_passwords() {
+        assert_eq!(mask_url("http://u:p@h:1/x"), "http://u:***@h:1/x");
+        assert_eq!(mask_url("http://u@h:1"), "http://u@h:1");
+        assert_eq!(mask_url("u:p@h"), "u:***@h");
+        assert_eq!(mask_url("http://h/x@y"), "http://h/x@y");
+        assert_eq!(mask_url("http://a:b:c@d@h"), "http://a:***@h");
+    }
+
+    #[test]
+    fn encodes_base64() {
+        for (input, output) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(input.as_bytes()), output);
+        }
+        assert_eq!(percent_decode("a%2Fb%zz%4"), b"a/b%zz%4");
+    }
+
+    #[test]
+    fn errors_read_as_postgres_messages() {
+        let errors = [
+            PatroniError::NoUrls,
+            PatroniError::Cancelled,
+            PatroniError::Unreachable(vec!["http://a:8008: connection refused".into()]),
+            parse_cluster(b"x", "http://a:8008").unwrap_err(),
+        ];
+        for error in errors {
+            let text = error.to_string();
+            assert!(text.starts_with(|c: char| c.is_lowercase()), "{text}");
+            assert!(!text.ends_with('.'), "{text}");
+            assert!(error.source().is_none());
+        }
+        assert_eq!(lowercase_first("Connection reset"), "connection reset");
+        assert_eq!(lowercase_first("TLS alert"), "TLS alert");
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert_eq!(describe_io(&refused), "connection refused");
+        let other = io::Error::from_raw_os_error(libc::EHOSTUNREACH);
+        assert_eq!(describe_io(&other), "no route to host");
+    }
+
+    // ----- network tests against a local canned server -----
+
+    /// Serve each accepted connection with the next canned response (the last one repeats),
+    /// reporting every request head received. `None` accepts and then never answers.
+    async fn serve(responses: Vec<Option<Vec<u8>>>) -> (String, mpsc::UnboundedReceiver<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (heads, received) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut i = 0;
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let response = responses[i.min(responses.len() - 1)].clone();
+                i += 1;
+                let heads = heads.clone();
+                tokio::spawn(async move {
+                    let head = read_head(&mut socket).await;
+                    let _ = heads.send(head);
+                    match response {
+                        Some(bytes) => {
+                            let _ = socket.write_all(&bytes).await;
+                            let _ = socket.shutdown().await;
+                        }
+                        None => tokio::time::sleep(Duration::from_secs(30)).await,
+                    }
+                });
+            }
+        });
+        (url, received)
+    }
+
+    async fn read_head(socket: &mut TcpStream) -> String {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&head).into_owned()
+    }
+
+    fn http_response(status: &str, body: &str) -> Option<Vec<u8>> {
+        Some(
+            format!(
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes(),
+        )
+    }
+
+    /// A URL nothing listens on.
+    async fn closed_url() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        url
+    }
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    #[tokio::test]
+    async fn fetches_from_the_first_url_that_answers() {
+        let refused = closed_url().await;
+        let (busy, _) = serve(vec![http_response("503 Service Unavailable", "{}")]).await;
+        let (good, mut heads) = serve(vec![http_response("200 OK", PATRONI_4)]).await;
+        let urls = vec![refused, busy, format!("{good}/")];
+        let cluster = fetch_cluster(&urls, SECOND, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(cluster.source, good);
+        assert_eq!(cluster.leader().unwrap().name, "node1");
+        let head = heads.recv().await.unwrap().to_ascii_lowercase();
+        assert!(head.starts_with("get /cluster http/1.1\r\n"), "{head}");
+        let authority = good.trim_start_matches("http://");
+        assert!(
+            head.contains(&format!("\r\nhost: {authority}\r\n")),
+            "{head}"
+        );
+        assert!(head.contains("\r\naccept: application/json\r\n"), "{head}");
+        assert!(!head.contains("authorization"), "{head}");
+    }
+
+    #[tokio::test]
+    async fn collects_every_failure() {
+        let refused = closed_url().await;
+        let (busy, _) = serve(vec![http_response("503 Service Unavailable", "{}")]).await;
+        let (html, _) = serve(vec![http_response("200 OK", "<html></html>")]).await;
+        let (silent, _) = serve(vec![None]).await;
+        let urls = vec![refused.clone(), busy.clone(), html.clone(), silent.clone()];
+        let timeout = Duration::from_millis(200);
+        let error = fetch_cluster(&urls, timeout, &CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "could not get the cluster state from Patroni: {refused}: connection refused; \
+                 {busy}: HTTP status 503 Service Unavailable; \
+                 {html}: invalid /cluster document: expected value at line 1 column 1; \
+                 {silent}: timed out after 200ms"
+            )
+        );
+        assert!(error.source().is_none());
+    }
+
+    #[tokio::test]
+    async fn sends_basic_auth_and_hides_the_password() {
+        let (url, mut heads) = serve(vec![http_response("401 Unauthorized", "no")]).await;
+        let with_auth = url.replace("http://", "http://patroni:s3cr%3At@");
+        let error = fetch_cluster(&[with_auth], SECOND, &CancellationToken::new())
+            .await
+            .unwrap_err();
+        let shown = url.replace("http://", "http://patroni:***@");
+        assert_eq!(
+            error.to_string(),
+            format!("could not get the cluster state from Patroni: {shown}: HTTP status 401 Unauthorized")
+        );
+        assert!(!error.to_string().contains("s3cr"));
+        let head = heads.recv().await.unwrap();
+        // base64("patroni:s3cr:t")
+        assert!(
+            head.contains("\r\nauthorization: Basic cGF0cm9uaTpzM2NyOnQ=\r\n"),
+            "{head}"
+        );
+    }
+
+    #[tokio::test]
+    async fn caps_the_body() {
+        let big = format!(r#"{{"members": [], "padding": "{}"}}"#, "x".repeat(4096));
+        let (declared, _) = serve(vec![http_response("200 OK", &big)]).await;
+        let chunked = format!(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{big}\r\n0\r\n\r\n",
+            big.len()
+        );
+        let (streamed, _) = serve(vec![Some(chunked.into_bytes())]).await;
+        let cancel = CancellationToken::new();
+        for url in [declared, streamed] {
+            let error = fetch_cluster_limited(std::slice::from_ref(&url), SECOND, &cancel, 1024)
+                .await
+                .unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!("could not get the cluster state from Patroni: {url}: response too large (over 1024 bytes)")
+            );
+        }
+        assert_eq!(too_large(MAX_BODY), "response too large (over 4 MiB)");
+    }
+
+    #[tokio::test]
+    async fn survives_garbage_and_early_close() {
+        let (garbage, _) = serve(vec![Some(b"SSH-2.0-OpenSSH_9.6\r\n\r\n".to_vec())]).await;
+        let (closed, _) = serve(vec![Some(Vec::new())]).await;
+        let (short, _) = serve(vec![Some(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"members\"".to_vec(),
+        )])
+        .await;
+        for url in [garbage, closed, short] {
+            let error = fetch_cluster(
+                std::slice::from_ref(&url),
+                SECOND,
+                &CancellationToken::new(),
+            )
+            .await
+            .unwrap_err();
+            let text = error.to_string();
+            assert!(
+                text.starts_with(&format!(
+                    "could not get the cluster state from Patroni: {url}: "
+                )),
+                "{text}"
+            );
+            assert!(!text.contains("timed out"), "{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn https_to_a_plain_server_fails_cleanly() {
+        // A plain HTTP server answering whatever arrives (a ClientHello has no "\r\n\r\n").
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let _ = socket.read(&mut [0u8; 4096]).await;
+            let reply = http_response("400 Bad Request", "{}").unwrap_or_default();
+            let _ = socket.write_all(&reply).await;
+            let _ = socket.shutdown().await;
+        });
+        let error = fetch_cluster(
+            std::slice::from_ref(&url),
+            5 * SECOND,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        let text = error.to_string();
+        // Either the handshake fails or, on a machine without a trust store, the setup does.
+        assert!(
+            text.contains(&format!("{url}: TLS handshake failed: "))
+                || text.contains(&format!(
+                    "{url}: could not load the system's root certificates"
+                )),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn honours_cancellation() {
+        let (silent, _) = serve(vec![None]).await;
+        let cancel = CancellationToken::new();
+        let canceller = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            canceller.cancel();
+        });
+        let started = std::time::Instant::now();
+        let error = fetch_cluster(&[silent], Duration::from_secs(30), &cancel)
+            .await
+            .unwrap_err();
+        assert_eq!(error, PatroniError::Cancelled);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let error = fetch_cluster(&["http://x:1".into()], SECOND, &cancel)
+            .await
+            .unwrap_err();
+        assert_eq!(error, PatroniError::Cancelled);
+        let error = fetch_cluster(&[], SECOND, &CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(error.to_string(), "no Patroni REST API URL given");
+    }
+
+    #[tokio::test]
+    async fn invalid_url_is_one_failure_among_others() {
+        let (good, _) = serve(vec![http_response("200 OK", STANDBY_CLUSTER)]).await;
+        let urls = vec!["node1:8008".to_string(), good.clone()];
+        let cluster = fetch_cluster(&urls, SECOND, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(cluster.source, good);
+        let error = fetch_cluster(&urls[..1], SECOND, &CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "could not get the cluster state from Patroni: node1:8008: invalid URL: expected http://host:port or https://host:port"
+        );
+    }
+}
