@@ -35,6 +35,9 @@ pub enum Command {
     Sync(SyncArgs),
     /// Show both nodes, the hot set, the standby's coverage of it and the primary's CCM counters.
     Status(StatusArgs),
+    /// Wait until the standbys (or --member) hold a share of the primary's hot set: exit 0,
+    /// or 1 on timeout. For switchovers and rolling restarts instead of a fixed sleep.
+    Wait(WaitArgs),
     /// Validate the configuration and print it as TOML (passwords masked).
     CheckConfig(CheckConfigArgs),
     /// Print a shell completion script or the man page, generated from these options.
@@ -84,6 +87,32 @@ pub struct SyncArgs {
 pub struct StatusArgs {
     #[arg(long, value_enum, env = "CCM_OUTPUT", default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// The share of the primary's hot set to wait for, in percent.
+    #[arg(long, value_name = "PCT", default_value_t = 99.0, value_parser = parse_percent)]
+    pub min_coverage: f64,
+    /// Give up after this long (exit status 1).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_timeout)]
+    pub timeout: std::time::Duration,
+    /// Wait for this standby only (Patroni's member name, or host:port), not for every
+    /// failover candidate.
+    #[arg(long, value_name = "NAME")]
+    pub member: Option<String>,
+}
+
+fn parse_percent(text: &str) -> Result<f64, String> {
+    match text.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!("\"{text}\" is not a percentage from 0 to 100")),
+    }
+}
+
+fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("\"{text}\" is not a duration such as 90s or 10m ({e})"))
 }
 
 #[derive(Debug, Args)]
@@ -184,6 +213,26 @@ mod tests {
             Command::CheckConfig(CheckConfigArgs { connect: true })
         ));
         assert!(Cli::try_parse_from(["ccm-agent", "sync", "--max-cycles", "0"]).is_err());
+        let cli = Cli::try_parse_from([
+            "ccm-agent",
+            "wait",
+            "--min-coverage",
+            "99.5",
+            "--timeout",
+            "2m",
+            "--member",
+            "pg2",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Wait(a) => {
+                assert_eq!(a.min_coverage, 99.5);
+                assert_eq!(a.timeout, std::time::Duration::from_secs(120));
+                assert_eq!(a.member.as_deref(), Some("pg2"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["ccm-agent", "wait", "--min-coverage", "101"]).is_err());
     }
 }
 
@@ -201,10 +250,20 @@ mod generate_tests {
     fn man_page_and_completions_come_from_the_options() {
         let man = generated(Generated::Man);
         assert!(man.contains(".TH ccm-agent 1"), "{man}");
-        assert!(man.contains("metrics\\-listen"), "every option is documented");
-        for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
+        assert!(
+            man.contains("metrics\\-listen"),
+            "every option is documented"
+        );
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
             let script = generated(Generated::Completions { shell });
-            assert!(script.contains("check-config") && script.contains("standby"), "{shell}: {script}");
+            assert!(
+                script.contains("check-config") && script.contains("standby"),
+                "{shell}: {script}"
+            );
         }
     }
 }

@@ -84,8 +84,17 @@ macro_rules! config_keys {
 config_keys! {
     /// Connection string of the primary (libpq key=value or URI; multi-host allowed).
     primary: String [env = "CCM_PRIMARY", value_name = "CONNINFO"] masked with mask_password,
-    /// Connection string of the standby (libpq key=value or URI; multi-host allowed).
+    /// Connection string of the standbys (libpq key=value or URI): every host of it that is a
+    /// standby of the primary is warmed, in the order given.
     standby: String [env = "CCM_STANDBY", value_name = "CONNINFO"] masked with mask_password,
+    /// Patroni REST API base URLs, comma-separated (instead of primary and standby): the
+    /// leader is the primary, the members that may become leader are warmed.
+    patroni: String [env = "CCM_PATRONI", value_name = "URL[,URL...]"] masked with mask_urls,
+    /// With patroni: libpq options for every member (user, dbname, sslmode, ...); host and
+    /// port come from Patroni.
+    member_conninfo: String [env = "CCM_MEMBER_CONNINFO", value_name = "CONNINFO"] masked with mask_password = "dbname=postgres",
+    /// With patroni: also warm members tagged nofailover (or failover_priority 0).
+    warm_nofailover: bool [env = "CCM_WARM_NOFAILOVER", value_name = "BOOL"] = false,
     /// Time between cycle starts.
     interval: String [env = "CCM_INTERVAL", value_name = "DURATION"] = "1s",
     // Not 9187, postgres_exporter's port, which often runs on the same host.
@@ -179,14 +188,29 @@ fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// `--patroni`: where the topology comes from instead of the two connection strings.
+#[derive(Debug, Clone)]
+pub struct PatroniSource {
+    pub urls: Vec<String>,
+    /// Every member's connection options; the host and port come from Patroni.
+    pub member: ConnInfo,
+    pub warm_nofailover: bool,
+}
+
 /// The validated configuration every command runs with.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// With `patroni`, both are the member options (host and port are Patroni's).
     pub primary: ConnInfo,
     pub standby: ConnInfo,
-    /// The connection strings as given (for display, always through `mask_password`).
+    /// The connection strings as given (for display, always through `mask_password`); empty
+    /// with `patroni`.
     pub primary_conninfo: String,
     pub standby_conninfo: String,
+    pub patroni: Option<PatroniSource>,
+    pub patroni_urls: Option<String>,
+    pub member_conninfo: String,
+    pub warm_nofailover: bool,
     pub interval: Duration,
     /// `None` when metrics are switched off.
     pub metrics_listen: Option<SocketAddr>,
@@ -220,10 +244,42 @@ impl Config {
                 })?
             };
         }
-        let primary_conninfo = value!(primary);
-        let standby_conninfo = value!(standby);
-        let primary = conninfo("primary", &primary_conninfo, Side::Primary)?;
-        let standby = conninfo("standby", &standby_conninfo, Side::Standby)?;
+        let member_conninfo = value!(member_conninfo);
+        let warm_nofailover = value!(warm_nofailover);
+        let patroni_urls = raw.patroni.clone();
+        let (primary_conninfo, standby_conninfo, primary, standby, patroni) = match &patroni_urls {
+            Some(urls) => {
+                if raw.primary.is_some() || raw.standby.is_some() {
+                    return Err(invalid(
+                        "patroni",
+                        "replaces primary and standby (Patroni names the nodes); give the \
+                         connection options in member_conninfo",
+                    ));
+                }
+                let urls = patroni_url_list(urls)?;
+                let member = ConnInfo::parse(&member_conninfo)
+                    .map_err(|e| invalid("member_conninfo", e.to_string()))?;
+                let source = PatroniSource {
+                    urls,
+                    member: member.clone(),
+                    warm_nofailover,
+                };
+                (
+                    String::new(),
+                    String::new(),
+                    member.clone(),
+                    member,
+                    Some(source),
+                )
+            }
+            None => {
+                let primary_conninfo = value!(primary);
+                let standby_conninfo = value!(standby);
+                let primary = conninfo("primary", &primary_conninfo, Side::Primary)?;
+                let standby = conninfo("standby", &standby_conninfo, Side::Standby)?;
+                (primary_conninfo, standby_conninfo, primary, standby, None)
+            }
+        };
 
         let interval = duration("interval", &value!(interval))?;
         let connect_timeout = duration("connect_timeout", &value!(connect_timeout))?;
@@ -271,6 +327,10 @@ impl Config {
             standby,
             primary_conninfo,
             standby_conninfo,
+            patroni,
+            patroni_urls,
+            member_conninfo,
+            warm_nofailover,
             interval,
             metrics_listen,
             log_format: value!(log_format),
@@ -283,18 +343,15 @@ impl Config {
         })
     }
 
-    pub fn conninfo(&self, side: Side) -> &ConnInfo {
-        match side {
-            Side::Primary => &self.primary,
-            Side::Standby => &self.standby,
-        }
-    }
-
     /// The effective configuration as a file would say it, every key set, secrets in clear.
     fn effective(&self) -> RawConfig {
+        let with_hosts = self.patroni.is_none();
         RawConfig {
-            primary: Some(self.primary_conninfo.clone()),
-            standby: Some(self.standby_conninfo.clone()),
+            primary: with_hosts.then(|| self.primary_conninfo.clone()),
+            standby: with_hosts.then(|| self.standby_conninfo.clone()),
+            patroni: self.patroni_urls.clone(),
+            member_conninfo: Some(self.member_conninfo.clone()),
+            warm_nofailover: Some(self.warm_nofailover),
             interval: Some(format_duration(self.interval)),
             metrics_listen: Some(match self.metrics_listen {
                 Some(addr) => addr.to_string(),
@@ -323,13 +380,20 @@ impl Config {
     /// the words of `to_toml_masked` (passwords masked).
     pub fn changes(&self, new: &Config) -> Vec<(String, String, String)> {
         let table = |config: &Config| -> toml::Table {
-            config.to_toml_masked().parse().expect("to_toml_masked writes valid TOML")
+            config
+                .to_toml_masked()
+                .parse()
+                .expect("to_toml_masked writes valid TOML")
         };
         let (before, after) = (table(self), table(new));
         let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
         keys.sort();
         keys.dedup();
-        let shown = |table: &toml::Table, key: &str| table.get(key).map_or_else(|| "(unset)".to_string(), |v| v.to_string());
+        let shown = |table: &toml::Table, key: &str| {
+            table
+                .get(key)
+                .map_or_else(|| "(unset)".to_string(), |v| v.to_string())
+        };
         keys.into_iter()
             .filter(|key| before.get(*key) != after.get(*key))
             .map(|key| (key.clone(), shown(&before, key), shown(&after, key)))
@@ -385,6 +449,30 @@ fn conninfo(key: &'static str, value: &str, side: Side) -> Result<ConnInfo, Conf
     Ok(info)
 }
 
+/// The comma-separated URLs of `patroni`: each http:// or https://, at least one.
+fn patroni_url_list(text: &str) -> Result<Vec<String>, ConfigError> {
+    let urls: Vec<String> = text
+        .split(',')
+        .map(|url| url.trim().trim_end_matches('/').to_string())
+        .filter(|url| !url.is_empty())
+        .collect();
+    if urls.is_empty() {
+        return Err(invalid("patroni", "names no URL"));
+    }
+    for url in &urls {
+        crate::patroni::validate_url(url).map_err(|e| invalid("patroni", e.to_string()))?;
+    }
+    Ok(urls)
+}
+
+/// URLs with the password of their user info masked (http://user:****@host:8008).
+pub fn mask_urls(text: &str) -> String {
+    text.split(',')
+        .map(crate::patroni::mask_url)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
     let d = humantime::parse_duration(text.trim()).map_err(|e| {
         invalid(
@@ -429,7 +517,10 @@ mod tests {
         let keys: Vec<&str> = changes.iter().map(|(key, _, _)| key.as_str()).collect();
         assert_eq!(keys, ["interval", "primary"]);
         let text = format!("{changes:?}");
-        assert!(!text.contains("secret") && !text.contains("other"), "{text}");
+        assert!(
+            !text.contains("secret") && !text.contains("other"),
+            "{text}"
+        );
         assert!(text.contains("host=p2"), "{text}");
     }
 
@@ -766,7 +857,27 @@ mod tests {
             connect_timeout: Some("3s".into()),
             statement_timeout: Some("1m".into()),
             max_backoff: Some("2m".into()),
+            patroni: Some("http://a:8008,https://patroni:pw@b:8008".into()),
+            member_conninfo: Some("user=ccm password=secret dbname=app".into()),
+            warm_nofailover: Some(true),
         }
+    }
+
+    /// `every_key()` as two valid configurations: with the connection strings, and with
+    /// Patroni (which replaces them).
+    fn every_key_valid() -> [RawConfig; 2] {
+        let given = every_key();
+        [
+            RawConfig {
+                patroni: None,
+                ..given.clone()
+            },
+            RawConfig {
+                primary: None,
+                standby: None,
+                ..given
+            },
+        ]
     }
 
     fn table(raw: &RawConfig) -> toml::Table {
@@ -784,20 +895,49 @@ mod tests {
                 "{key}: give it a value that is not its default"
             );
         }
-        let text = Config::validate(given.clone()).unwrap().to_toml_masked();
-        let written: toml::Table = text.parse().unwrap();
-        let mut keys: Vec<&str> = written.keys().map(String::as_str).collect();
+        let mut keys: Vec<String> = Vec::new();
+        for given in every_key_valid() {
+            let text = Config::validate(given.clone()).unwrap().to_toml_masked();
+            let written: toml::Table = text.parse().unwrap();
+            keys.extend(written.keys().cloned());
+            assert!(
+                !text.contains("secret") && !text.contains("hidden") && !text.contains(":pw@"),
+                "{text}"
+            );
+            let back = RawConfig::from_toml(&text).unwrap();
+            assert_eq!(back, given.masked(), "{text}");
+            assert_eq!(Config::validate(back).unwrap().to_toml_masked(), text);
+        }
         keys.sort_unstable();
+        keys.dedup();
         let mut expected = RawConfig::KEYS.to_vec();
         expected.sort_unstable();
-        assert_eq!(keys, expected, "{text}");
+        assert_eq!(keys, expected);
+    }
+
+    #[test]
+    fn patroni_replaces_the_connection_strings() {
+        let err = Config::validate(every_key()).unwrap_err().to_string();
         assert!(
-            !text.contains("secret") && !text.contains("hidden"),
-            "{text}"
+            err.starts_with("patroni: replaces primary and standby"),
+            "{err}"
         );
-        let back = RawConfig::from_toml(&text).unwrap();
-        assert_eq!(back, given.masked(), "{text}");
-        assert_eq!(Config::validate(back).unwrap().to_toml_masked(), text);
+        let [_, patroni] = every_key_valid();
+        let c = Config::validate(patroni).unwrap();
+        let source = c.patroni.as_ref().unwrap();
+        assert_eq!(source.urls, ["http://a:8008", "https://patroni:pw@b:8008"]);
+        assert!(source.warm_nofailover);
+        let bad = RawConfig {
+            patroni: Some("node1:8008".into()),
+            ..Default::default()
+        };
+        let err = Config::validate(bad).unwrap_err().to_string();
+        assert!(err.starts_with("patroni: "), "{err}");
+        // Without Patroni the two strings are required.
+        let err = Config::validate(RawConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("primary: missing"), "{err}");
     }
 
     #[test]

@@ -251,6 +251,26 @@ impl ConnInfo {
         hosts
     }
 
+    /// The same settings for one of the hosts only (a standby of a multi-host string).
+    pub fn only(&self, host: &HostSpec) -> ConnInfo {
+        ConnInfo {
+            hosts: vec![host.clone()],
+            load_balance_random: false,
+            ..self.clone()
+        }
+    }
+
+    /// The same settings for a server named by someone else (Patroni): `host` is a name or
+    /// an address, connected to over TCP.
+    pub fn at(&self, host: &str, port: u16) -> ConnInfo {
+        let spec = HostSpec {
+            host: Some(Host::Tcp(host.to_string())),
+            hostaddr: host.parse().ok(),
+            port,
+        };
+        self.only(&spec)
+    }
+
     pub fn target_session_attrs(&self) -> Option<TargetSessionAttrs> {
         self.target_session_attrs
     }

@@ -17,6 +17,8 @@ mod reload;
 mod status;
 mod sync;
 mod tls;
+mod topology;
+mod wait;
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -93,7 +95,8 @@ fn init_logging(cfg: &Config) -> reload::SetLogLevel {
             let handle = builder.reload_handle();
             builder.init();
             Box::new(move |level: &str| {
-                let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+                let filter =
+                    tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
                 handle.reload(filter).map_err(|e| e.to_string())
             })
         }};
@@ -122,6 +125,7 @@ async fn async_main(cli: Cli, cfg: Arc<Config>, set_log_level: reload::SetLogLev
             sync_once(cfg, cancel, args.max_cycles, args.output).await
         }
         Command::Status(args) => status(cfg, cancel, args.output).await,
+        Command::Wait(args) => wait(cfg, cancel, args).await,
         Command::CheckConfig(args) => check_config(cfg, cancel, args.connect).await,
         Command::Generate(_) => unreachable!("handled before the configuration is loaded"),
     };
@@ -186,7 +190,10 @@ async fn run(
 ) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(Metrics::new());
     let (config_tx, config_rx) = tokio::sync::watch::channel(cfg.clone());
-    let reload_task = spawn_task("reload", reload::run(args, config_tx, set_log_level, cancel.clone()));
+    let reload_task = spawn_task(
+        "reload",
+        reload::run(args, config_tx, set_log_level, cancel.clone()),
+    );
     let metrics_task = match cfg.metrics_listen {
         Some(addr) => {
             // Bound here, not in the task: a busy port must fail the start, visibly.
@@ -198,11 +205,18 @@ async fn run(
         }
         None => None,
     };
-    let mut sync_task = spawn_task("sync", sync::run(config_rx, metrics.clone(), cancel.clone()));
+    let mut sync_task = spawn_task(
+        "sync",
+        sync::run(config_rx, metrics.clone(), cancel.clone()),
+    );
     // Under systemd (Type=notify): serving now; the watchdog is fed while the loop lives.
     notify::notify("READY=1");
-    let watchdog_task = notify::watchdog_period()
-        .map(|period| spawn_task("watchdog", feed_watchdog(period, metrics.clone(), cancel.clone())));
+    let watchdog_task = notify::watchdog_period().map(|period| {
+        spawn_task(
+            "watchdog",
+            feed_watchdog(period, metrics.clone(), cancel.clone()),
+        )
+    });
 
     // Wait for shutdown, or for the sync task to end on its own (which only a bug makes happen).
     let mut failed = false;
@@ -247,7 +261,11 @@ async fn run(
 
 /// Sends WATCHDOG=1 every half period while the sync loop shows life within the period, so
 /// that systemd restarts an agent whose loop hangs (never one that waits for a node).
-async fn feed_watchdog(period: Duration, metrics: Arc<Metrics>, cancel: CancellationToken) -> anyhow::Result<()> {
+async fn feed_watchdog(
+    period: Duration,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(period / 2);
     loop {
         tokio::select! {
@@ -256,7 +274,10 @@ async fn feed_watchdog(period: Duration, metrics: Arc<Metrics>, cancel: Cancella
         }
         match metrics.since_heartbeat() {
             Some(age) if age < period => notify::notify("WATCHDOG=1"),
-            age => warn!(?age, "the sync loop shows no life; not feeding systemd's watchdog"),
+            age => warn!(
+                ?age,
+                "the sync loop shows no life; not feeding systemd's watchdog"
+            ),
         }
     }
 }
@@ -304,6 +325,31 @@ async fn status(
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    })
+}
+
+async fn wait(
+    cfg: Arc<Config>,
+    cancel: CancellationToken,
+    args: cli::WaitArgs,
+) -> anyhow::Result<ExitCode> {
+    let outcome = wait::wait(
+        cfg,
+        cancel,
+        args.min_coverage / 100.0,
+        args.timeout,
+        args.member.as_deref(),
+    )
+    .await;
+    Ok(match outcome {
+        Ok(message) => {
+            println!("{message}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("ccm-agent: {message}");
+            ExitCode::FAILURE
+        }
     })
 }
 

@@ -89,7 +89,20 @@ pub struct Metrics {
     /// Slot names with series, so that dropped slots' series can be removed.
     wal_cache_slots: std::sync::Mutex<Vec<String>>,
     build_info: Family<[(&'static str, &'static str); 1], Gauge>,
+    standby_up: Family<NodeLabels, Gauge>,
+    standby_coverage: Family<NodeLabels, FloatGauge>,
+    standby_missing: Family<NodeLabels, Gauge>,
+    standby_loaded: Family<NodeLabels, Counter>,
+    standby_priority: Family<NodeLabels, Gauge>,
+    /// Standby names with series, so that members that left lose theirs.
+    standby_names: std::sync::Mutex<Vec<String>>,
     readiness: Readiness,
+}
+
+type NodeLabels = [(&'static str, String); 1];
+
+fn node_label(name: &str) -> NodeLabels {
+    [("node", name.to_string())]
 }
 
 /// What /readyz judges.
@@ -141,11 +154,23 @@ impl Metrics {
             wal_cache_slot_misses: Family::default(),
             wal_cache_slots: std::sync::Mutex::default(),
             build_info: Family::default(),
+            standby_up: Family::default(),
+            standby_coverage: Family::default(),
+            standby_missing: Family::default(),
+            standby_loaded: Family::default(),
+            standby_priority: Family::default(),
+            standby_names: std::sync::Mutex::default(),
             readiness: Readiness::default(),
             registry: Registry::default(),
         };
-        registry.register("build_info", "The agent's version; always 1", m.build_info.clone());
-        m.build_info.get_or_create(&[("version", env!("CARGO_PKG_VERSION"))]).set(1);
+        registry.register(
+            "build_info",
+            "The agent's version; always 1",
+            m.build_info.clone(),
+        );
+        m.build_info
+            .get_or_create(&[("version", env!("CARGO_PKG_VERSION"))])
+            .set(1);
         // Counters get their `_total` suffix from the encoder.
         registry.register("cycles", "Sync cycles completed", m.cycles.clone());
         registry.register(
@@ -190,7 +215,7 @@ impl Metrics {
         );
         registry.register(
             "coverage_ratio",
-            "Share of the primary's hot set already cached on the standby at the last scan (0..1)",
+            "Share of the primary's hot set already cached at the last scan on the standby that had the least of it (0..1); per standby: standby_coverage_ratio",
             m.coverage_ratio.clone(),
         );
         registry.register(
@@ -229,6 +254,31 @@ impl Metrics {
             m.block_list_bytes.clone(),
         );
 
+        registry.register(
+            "standby_up",
+            "1 while the agent holds a working connection to this standby (failover candidate)",
+            m.standby_up.clone(),
+        );
+        registry.register(
+            "standby_coverage_ratio",
+            "Share of the primary's hot set (its hottest part, up to the standby's shared_buffers) cached on this standby at the last scan (0..1)",
+            m.standby_coverage.clone(),
+        );
+        registry.register(
+            "standby_missing_blocks",
+            "Hot blocks this standby lacked at the last scan (the list sent to it)",
+            m.standby_missing.clone(),
+        );
+        registry.register(
+            "standby_blocks_loaded",
+            "Blocks this standby read into shared_buffers",
+            m.standby_loaded.clone(),
+        );
+        registry.register(
+            "standby_rank",
+            "Position of this standby in the warming order (0: warmed first)",
+            m.standby_priority.clone(),
+        );
         registry.register(
             "wal_cache_held_blocks",
             "WAL pages the primary's logical WAL cache holds in memory",
@@ -284,12 +334,20 @@ impl Metrics {
 
     /// A node answered a call of the loop.
     pub fn progress(&self) {
-        *self.readiness.last_progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        *self
+            .readiness
+            .last_progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     }
 
     /// The sync loop is alive (called every round, answered or not).
     pub fn heartbeat(&self) {
-        *self.readiness.last_heartbeat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        *self
+            .readiness
+            .last_heartbeat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     }
 
     /// Time since the loop last showed life: a round, or a node's answer within a long cycle.
@@ -334,7 +392,9 @@ impl Metrics {
             Some(_) => {}
         }
         if self.enabled.get() == 0 {
-            reasons.push("Cluster Cache Manager is disabled on a node (ccm.enabled = off)".to_string());
+            reasons.push(
+                "Cluster Cache Manager is disabled on a node (ccm.enabled = off)".to_string(),
+            );
         }
         let ready = reasons.is_empty();
         let body = serde_json::json!({
@@ -360,11 +420,47 @@ impl Metrics {
         self.last_cycle_timestamp_seconds.set(now.as_secs_f64());
     }
 
-    /// The scan's result: the hot set size and how much of it the standby already had.
-    pub fn scan(&self, hot_buffers_found: u64, blocks_in_list: u64) {
-        self.hot_set_blocks.set(saturating_i64(hot_buffers_found));
-        self.coverage_ratio
-            .set(coverage(hot_buffers_found, blocks_in_list));
+    /// The standbys to warm now, in order; those that left lose their series.
+    pub fn standbys(&self, names: &[String]) {
+        let mut known = self.standby_names.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in known.iter().filter(|name| !names.contains(name)) {
+            let label = node_label(gone);
+            self.standby_up.remove(&label);
+            self.standby_coverage.remove(&label);
+            self.standby_missing.remove(&label);
+            self.standby_loaded.remove(&label);
+            self.standby_priority.remove(&label);
+        }
+        for (rank, name) in names.iter().enumerate() {
+            let label = node_label(name);
+            let _ = self.standby_up.get_or_create(&label);
+            self.standby_loaded.get_or_create(&label).inc_by(0);
+            self.standby_priority.get_or_create(&label).set(rank as i64);
+        }
+        *known = names.to_vec();
+    }
+
+    pub fn set_standby_up(&self, name: &str, up: bool) {
+        self.standby_up
+            .get_or_create(&node_label(name))
+            .set(i64::from(up));
+    }
+
+    /// One standby's share of the hot set at the last scan.
+    pub fn standby_scan(&self, name: &str, hot: u64, missing: u64) {
+        let label = node_label(name);
+        self.standby_coverage
+            .get_or_create(&label)
+            .set(coverage(hot, missing));
+        self.standby_missing
+            .get_or_create(&label)
+            .set(saturating_i64(missing));
+    }
+
+    pub fn standby_loaded(&self, name: &str, blocks: u64) {
+        self.standby_loaded
+            .get_or_create(&node_label(name))
+            .inc_by(blocks);
     }
 
     /// The primary's logical WAL cache; slots that are gone lose their series.
@@ -482,7 +578,11 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> 
         ),
         (&Method::GET, "/readyz") => {
             let (ready, body) = metrics.readiness();
-            let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            let status = if ready {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
             (status, "application/json", format!("{body}\n"))
         }
         (_, "/metrics" | "/healthz" | "/readyz") => (
@@ -568,7 +668,12 @@ mod tests {
         m.set_node_up(Side::Standby, true);
         m.retarget(Side::Primary);
         m.blocks_loaded.inc_by(42);
-        m.scan(200, 50);
+        m.hot_set_blocks.set(200);
+        m.coverage_ratio.set(0.75);
+        m.standbys(&["a".to_string(), "b".to_string()]);
+        m.standby_scan("a", 200, 50);
+        m.set_standby_up("a", true);
+        m.standby_loaded("b", 7);
         m.cycle_done(Duration::from_millis(1500));
         let s = samples(&m.render());
         assert_eq!(s["ccm_agent_cycle_errors_total{stage=\"hot_blocks\"}"], 2.0);
@@ -579,6 +684,17 @@ mod tests {
         assert_eq!(s["ccm_agent_hot_set_blocks"], 200.0);
         assert_eq!(s["ccm_agent_coverage_ratio"], 0.75);
         assert_eq!(s["ccm_agent_cycles_total"], 1.0);
+        assert_eq!(s["ccm_agent_standby_coverage_ratio{node=\"a\"}"], 0.75);
+        assert_eq!(s["ccm_agent_standby_missing_blocks{node=\"a\"}"], 50.0);
+        assert_eq!(s["ccm_agent_standby_up{node=\"a\"}"], 1.0);
+        assert_eq!(s["ccm_agent_standby_up{node=\"b\"}"], 0.0);
+        assert_eq!(s["ccm_agent_standby_rank{node=\"b\"}"], 1.0);
+        assert_eq!(s["ccm_agent_standby_blocks_loaded_total{node=\"b\"}"], 7.0);
+        // A member that left loses its series.
+        m.standbys(&["b".to_string()]);
+        let s = samples(&m.render());
+        assert!(!s.contains_key("ccm_agent_standby_up{node=\"a\"}"));
+        assert_eq!(s["ccm_agent_standby_rank{node=\"b\"}"], 0.0);
         assert_eq!(s["ccm_agent_last_cycle_duration_seconds"], 1.5);
         assert!(s["ccm_agent_last_cycle_timestamp_seconds"] > 1.6e9);
     }
@@ -645,7 +761,14 @@ mod tests {
         m.set_stale_after(Duration::ZERO);
         std::thread::sleep(Duration::from_millis(5));
         let (ready, body) = m.readiness();
-        assert!(!ready && body["reasons"][0].as_str().unwrap().starts_with("no call answered for"), "{body}");
+        assert!(
+            !ready
+                && body["reasons"][0]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("no call answered for"),
+            "{body}"
+        );
         m.set_stale_after(Duration::from_secs(60));
         m.enabled.set(0);
         assert!(!m.readiness().0);
@@ -654,7 +777,10 @@ mod tests {
     #[test]
     fn build_info_carries_the_version() {
         let text = Metrics::new().render();
-        let line = format!("ccm_agent_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+        let line = format!(
+            "ccm_agent_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
         assert!(text.contains(&line), "{text}");
     }
 
@@ -691,7 +817,10 @@ mod tests {
         assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
         let ready = get("/readyz").await;
         assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
-        assert!(ready.contains("\"ready\":false") && ready.contains("no connection to a primary"), "{ready}");
+        assert!(
+            ready.contains("\"ready\":false") && ready.contains("no connection to a primary"),
+            "{ready}"
+        );
         cancel.cancel();
         tokio::time::timeout(Duration::from_secs(2), server)
             .await

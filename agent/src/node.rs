@@ -381,13 +381,19 @@ pub struct WalCacheSlot {
 
 /// The first extension version with the logical WAL cache.
 const WAL_CACHE_SINCE: (u32, u32) = (0, 2);
+/// The first with ccm_hot_blocks_each() (one scan for several standbys) and ccm_wal_source().
+const MULTI_STANDBY_SINCE: (u32, u32) = (0, 4);
 
-fn has_wal_cache(extension_version: Option<&str>) -> bool {
+fn at_least(extension_version: Option<&str>, since: (u32, u32)) -> bool {
     let Some(version) = extension_version else {
         return false;
     };
     let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= WAL_CACHE_SINCE
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= since
+}
+
+fn has_wal_cache(extension_version: Option<&str>) -> bool {
+    at_least(extension_version, WAL_CACHE_SINCE)
 }
 
 const SQL_FACTS: &str = "SELECT pg_is_in_recovery(), \
@@ -398,6 +404,10 @@ const SQL_FACTS: &str = "SELECT pg_is_in_recovery(), \
      split_part(current_setting('server_version'), ' ', 1)";
 const SQL_FILTER: &str = "SELECT pg_is_in_recovery(), ccm_buffer_filter($1::float8)";
 const SQL_HOT_BLOCKS: &str = "SELECT pg_is_in_recovery(), ccm_hot_blocks($1::bytea, $2::int8)";
+const SQL_HOT_BLOCKS_EACH: &str =
+    "SELECT pg_is_in_recovery(), ccm_hot_blocks_each($1::bytea[], $2::int8[])";
+const SQL_WAL_SOURCE: &str =
+    "SELECT in_recovery, timeline, sender_host, sender_port FROM ccm_wal_source()";
 /// pg_is_in_recovery() is evaluated after ccm_prewarm (it is in the target list of the row
 /// the function returns), so a promotion during the call is seen in its own answer.
 const SQL_PREWARM: &str = "SELECT pg_is_in_recovery(), requested, loaded, already_cached, \
@@ -411,6 +421,17 @@ const SQL_WAL_CACHE_SLOTS: &str = "SELECT name, active_pid, cache_hit, cache_mis
      hit_rate FROM aurora_stat_logical_wal_cache() ORDER BY name";
 const SQL_HOT_COUNT: &str = "SELECT count(*) FROM ccm_hot_buffers()";
 const SQL_MISSING_COUNT: &str = "SELECT count(*) FROM ccm_hot_buffers($1::bytea)";
+
+/// What ccm_wal_source() says about a node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WalSource {
+    pub in_recovery: bool,
+    /// The timeline a primary writes, or a standby's WAL receiver streams (None: no
+    /// receiver is streaming).
+    pub timeline: Option<u32>,
+    pub sender_host: Option<String>,
+    pub sender_port: Option<u16>,
+}
 
 /// A live session on one node.
 pub struct Node {
@@ -841,6 +862,56 @@ impl Node {
         Ok((col.get(0)?, col.get(1)?))
     }
 
+    /// Whether the installed extension serves several standbys with one scan
+    /// (ccm_hot_blocks_each) and tells where a node's WAL comes from (ccm_wal_source).
+    pub fn multi_standby(&self) -> bool {
+        at_least(self.facts.extension_version.as_deref(), MULTI_STANDBY_SINCE)
+    }
+
+    /// Primary: one scan, one list per filter (None: nothing known of that standby), each
+    /// of at most its `max_blocks`, with the recovery state at the same instant.
+    pub async fn hot_blocks_each(
+        &mut self,
+        filters: &[Option<&[u8]>],
+        max_blocks: &[i64],
+    ) -> Result<(bool, Vec<Vec<u8>>), NodeError> {
+        const WHAT: &str = "ccm_hot_blocks_each()";
+        let row = self
+            .query_one(WHAT, SQL_HOT_BLOCKS_EACH, &[&filters, &max_blocks])
+            .await?;
+        let col = Columns::new(self, WHAT, &row);
+        let lists: Vec<Vec<u8>> = col.get(1)?;
+        if lists.len() != filters.len() {
+            return Err(NodeError::Unexpected {
+                host: self.label(),
+                what: WHAT,
+                detail: format!("{} lists for {} filters", lists.len(), filters.len()),
+            });
+        }
+        Ok((col.get(0)?, lists))
+    }
+
+    /// Where this node's WAL comes from: the timeline it writes (a primary) or streams (a
+    /// standby), and a standby's WAL sender. None when the extension predates ccm_wal_source.
+    pub async fn wal_source(&mut self) -> Result<Option<WalSource>, NodeError> {
+        if !self.multi_standby() {
+            return Ok(None);
+        }
+        const WHAT: &str = "ccm_wal_source()";
+        let row = self.query_one(WHAT, SQL_WAL_SOURCE, &[]).await?;
+        let col = Columns::new(self, WHAT, &row);
+        Ok(Some(WalSource {
+            in_recovery: col.get::<Option<bool>>(0)?.unwrap_or(false),
+            timeline: col
+                .get::<Option<i32>>(1)?
+                .and_then(|t| u32::try_from(t).ok()),
+            sender_host: col.get(2)?,
+            sender_port: col
+                .get::<Option<i32>>(3)?
+                .and_then(|p| u16::try_from(p).ok()),
+        }))
+    }
+
     /// Standby: reads one batch of blocks into shared_buffers, with its recovery state after
     /// the call.
     pub async fn prewarm(&mut self, list: &[u8]) -> Result<(bool, PrewarmResult), NodeError> {
@@ -1176,9 +1247,15 @@ mod tests {
             statement_timeout: Duration::from_secs(1),
         };
         let host = info.hosts()[0].clone();
-        Node::connect(&info, &host, Side::Primary, options, &CancellationToken::new())
-            .await
-            .unwrap_err()
+        Node::connect(
+            &info,
+            &host,
+            Side::Primary,
+            options,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err()
     }
 
     #[tokio::test]

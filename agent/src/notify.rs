@@ -14,8 +14,12 @@ use std::os::linux::net::SocketAddrExt;
 /// Sends `state` (e.g. "READY=1") to systemd, if the agent runs under it. Failures are
 /// ignored, as sd_notify's callers do: the service works the same without them.
 pub fn notify(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
-    let Ok(socket) = UnixDatagram::unbound() else { return };
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let Ok(socket) = UnixDatagram::unbound() else {
+        return;
+    };
     let path = path.to_string_lossy().into_owned();
     let _ = match path.strip_prefix('@') {
         #[cfg(target_os = "linux")]

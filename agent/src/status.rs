@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::conninfo::ConnInfo;
 use crate::metrics::coverage;
 use crate::node::{self, CcmStatus, ConnectOptions, Node, NodeError, Side, WalCacheStatus};
+use crate::topology::{self, Topology};
 
 /// The false positive rate of the filter status asks for: lower than the loop's, because
 /// here the filter is used once to count, and every false positive hides a missing block.
@@ -59,17 +60,36 @@ impl NodeReport {
     }
 }
 
+/// One standby of the topology: the node, and its share of the primary's hot set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StandbyStatus {
+    /// Patroni's member name, else host:port.
+    pub name: String,
+    #[serde(flatten)]
+    pub node: NodeReport,
+    /// Hot buffers its filter lacks.
+    pub missing: Option<i64>,
+    pub coverage: Option<f64>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StatusReport {
     pub primary: NodeReport,
+    /// The first standby in the warming order (the tier-0 standby).
     pub standby: NodeReport,
+    /// Every standby of the topology, in the warming order.
+    pub standbys: Vec<StandbyStatus>,
+    /// Patroni's leader (None without Patroni).
+    pub leader: Option<String>,
+    /// Patroni members that are not warmed, and why.
+    pub excluded: Vec<(String, String)>,
     /// false when the extension reports the Cluster Cache Manager disabled.
     pub ccm_enabled: Option<bool>,
     /// Hot buffers on the primary (ccm_hot_buffers()).
     pub hot_buffers: Option<i64>,
-    /// Hot buffers the standby's filter lacks.
+    /// Hot buffers the first standby's filter lacks.
     pub missing: Option<i64>,
-    /// 1 - missing/hot_buffers, 0..1 (1 when nothing is hot).
+    /// 1 - missing/hot_buffers, 0..1 (1 when nothing is hot), on the first standby.
     pub coverage: Option<f64>,
     /// The row of aurora_ccm_status() on the primary.
     pub status: Option<CcmStatus>,
@@ -85,26 +105,29 @@ pub struct StatusReport {
 impl StatusReport {
     pub fn to_text(&self) -> String {
         let mut out = String::new();
-        for (side, n) in [("primary", &self.primary), ("standby", &self.standby)] {
-            let addr = match (&n.host, n.port) {
-                (Some(h), Some(p)) => format!("{h}:{p}"),
-                _ => "?".to_string(),
-            };
-            match &n.error {
-                Some(e) => {
-                    let _ = writeln!(out, "{side:<8} {addr}  UNREACHABLE: {e}");
-                }
-                None => {
+        if let Some(leader) = &self.leader {
+            let _ = writeln!(out, "Patroni  leader {leader}");
+        }
+        node_line(&mut out, "primary", &self.primary);
+        let many = self.standbys.len() > 1;
+        for s in &self.standbys {
+            node_line(&mut out, "standby", &s.node);
+            if many {
+                if let (Some(c), Some(missing)) = (s.coverage, s.missing) {
                     let _ = writeln!(
                         out,
-                        "{side:<8} {addr}  role {}  system {}  pg_ccm {}  PostgreSQL {}",
-                        n.role.unwrap_or("?"),
-                        n.system_identifier.as_deref().unwrap_or("?"),
-                        n.extension_version.as_deref().unwrap_or("not installed"),
-                        n.server_version.as_deref().unwrap_or("?"),
+                        "         {}: coverage {:.1}% ({missing} hot buffers missing)",
+                        s.name,
+                        c * 100.0
                     );
                 }
             }
+        }
+        if self.standbys.is_empty() {
+            node_line(&mut out, "standby", &self.standby);
+        }
+        for (name, why) in &self.excluded {
+            let _ = writeln!(out, "skipped  {name} ({why})");
         }
         if self.ccm_enabled == Some(false) {
             let _ = writeln!(out, "CCM      disabled (ccm.enabled = off)");
@@ -171,6 +194,28 @@ impl StatusReport {
     }
 }
 
+fn node_line(out: &mut String, side: &str, n: &NodeReport) {
+    let addr = match (&n.host, n.port) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        _ => "?".to_string(),
+    };
+    match &n.error {
+        Some(e) => {
+            let _ = writeln!(out, "{side:<8} {addr}  UNREACHABLE: {e}");
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "{side:<8} {addr}  role {}  system {}  pg_ccm {}  PostgreSQL {}",
+                n.role.unwrap_or("?"),
+                n.system_identifier.as_deref().unwrap_or("?"),
+                n.extension_version.as_deref().unwrap_or("not installed"),
+                n.server_version.as_deref().unwrap_or("?"),
+            );
+        }
+    }
+}
+
 fn mib(blocks: i64) -> String {
     format!("{:.1} MiB", blocks as f64 * 8192.0 / (1024.0 * 1024.0))
 }
@@ -182,18 +227,6 @@ fn options(cfg: &Config) -> ConnectOptions {
     }
 }
 
-/// Connects both sides at once; in lenient mode a wrong-role host is returned too.
-async fn connect_both(
-    cfg: &Config,
-    cancel: &CancellationToken,
-    strict: bool,
-) -> (Result<Node, NodeError>, Result<Node, NodeError>) {
-    tokio::join!(
-        node::resolve(&cfg.primary, Side::Primary, options(cfg), cancel, strict),
-        node::resolve(&cfg.standby, Side::Standby, options(cfg), cancel, strict),
-    )
-}
-
 /// Records a query error: a disabled CCM is a state, anything else a problem.
 fn note_error(report: &mut StatusReport, error: NodeError) {
     match error {
@@ -202,67 +235,142 @@ fn note_error(report: &mut StatusReport, error: NodeError) {
     }
 }
 
+/// Connects to every standby of the topology (any role, so that it can be shown).
+async fn connect_standbys(
+    cfg: &Config,
+    topology: &Topology,
+    cancel: &CancellationToken,
+) -> Vec<(String, ConnInfo, Result<Node, NodeError>)> {
+    let mut connected = Vec::new();
+    for t in &topology.targets {
+        let node = match t.conninfo.hosts().first() {
+            Some(host) => {
+                Node::connect(&t.conninfo, host, Side::Standby, options(cfg), cancel).await
+            }
+            None => Err(NodeError::NoMatch {
+                side: Side::Standby,
+                tried: "no host".into(),
+            }),
+        };
+        connected.push((t.name.clone(), t.conninfo.clone(), node));
+    }
+    connected
+}
+
 /// Gathers the status report. Never fails: what could not be learned is a problem in it.
 pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport {
     let mut report = StatusReport::default();
-    let (primary, standby) = connect_both(&cfg, &cancel, false).await;
-    let mut primary = match primary {
-        Ok(n) => Some(n),
+    let topology = match topology::discover(&cfg, cfg.connect_timeout, &cancel).await {
+        Ok(t) => t,
         Err(e) => {
-            report.primary = NodeReport::from_error(&cfg.primary, &e);
+            report.problems.push(format!("topology: {e}"));
+            return report;
+        }
+    };
+    report.leader = topology.leader.clone();
+    report.excluded = topology.excluded.clone();
+    let (primary, standbys) = tokio::join!(
+        node::resolve(
+            &topology.primary,
+            Side::Primary,
+            options(&cfg),
+            &cancel,
+            false
+        ),
+        connect_standbys(&cfg, &topology, &cancel),
+    );
+    let mut primary = match primary {
+        Ok(n) => {
+            if n.facts.in_recovery {
+                report.problems.push(format!(
+                    "the primary connection string leads to {}, which is a standby, not a primary",
+                    n.label()
+                ));
+            }
+            report.primary = NodeReport::from_node(&n);
+            Some(n)
+        }
+        Err(e) => {
+            report.primary = NodeReport::from_error(&topology.primary, &e);
             report.problems.push(format!("primary: {e}"));
             None
         }
     };
-    let mut standby = match standby {
-        Ok(n) => Some(n),
-        Err(e) => {
-            report.standby = NodeReport::from_error(&cfg.standby, &e);
-            report.problems.push(format!("standby: {e}"));
-            None
-        }
-    };
-    for (side, node) in [(Side::Primary, &primary), (Side::Standby, &standby)] {
-        if let Some(n) = node {
-            let r = NodeReport::from_node(n);
-            if n.facts.in_recovery != side.wants_recovery() {
-                report.problems.push(format!(
-                    "the {side} connection string leads to {}, which is a {}, not a {side}",
-                    n.label(),
-                    n.role()
-                ));
+    let mut nodes = Vec::new();
+    for (name, info, node) in standbys {
+        let mut entry = StandbyStatus {
+            name: name.clone(),
+            ..Default::default()
+        };
+        match node {
+            Ok(n) => {
+                entry.node = NodeReport::from_node(&n);
+                nodes.push((report.standbys.len(), n));
             }
-            match side {
-                Side::Primary => report.primary = r,
-                Side::Standby => report.standby = r,
+            Err(e) => {
+                entry.node = NodeReport::from_error(&info, &e);
+                report.problems.push(format!("standby {name}: {e}"));
             }
         }
+        report.standbys.push(entry);
     }
-    // The catalog is shared by both nodes: one report of a missing extension is enough.
+    // A host of the standby string that is the primary is passed over, as `run` does;
+    // only a topology without any standby is a problem.
+    nodes.retain(|(_, n)| n.facts.in_recovery);
+    if nodes.is_empty() && !report.standbys.iter().all(|s| s.node.error.is_some()) {
+        let shown = report
+            .standbys
+            .first()
+            .map(|s| s.node.host.clone().unwrap_or_default());
+        report.problems.push(format!(
+            "the standby connection string leads to no standby ({} is a primary)",
+            shown.unwrap_or_default()
+        ));
+    }
+    if report.standbys.is_empty() {
+        report
+            .problems
+            .push("no standby to warm: the topology lists none".to_string());
+    }
+    // The catalog is shared by all nodes: one report of a missing extension is enough.
     if let Some(Err(e)) = primary
         .as_ref()
-        .or(standby.as_ref())
+        .or(nodes.first().map(|(_, n)| n))
         .map(Node::require_extension)
     {
         report.problems.push(e.to_string());
     }
-    if let (Some(p), Some(s)) = (&primary, &standby) {
-        if let Err(message) = node::check_same_system(p, s) {
-            report.problems.push(message);
+    if let Some(p) = &primary {
+        for (_, s) in &nodes {
+            if let Err(message) = node::check_same_system(p, s) {
+                report.problems.push(message);
+            }
         }
     }
+    report.standby = match nodes.first() {
+        Some((i, _)) => report.standbys[*i].node.clone(),
+        None => report
+            .standbys
+            .first()
+            .map(|s| s.node.clone())
+            .unwrap_or_default(),
+    };
 
     // The numbers only mean something for a sound pairing.
     if report.problems.is_empty() {
-        if let (Some(p), Some(s)) = (primary.as_mut(), standby.as_mut()) {
-            collect_numbers(&mut report, p, s).await;
+        if let Some(p) = primary.as_mut() {
+            collect_numbers(&mut report, p, &mut nodes).await;
         }
     }
     report.ok = report.problems.is_empty();
     report
 }
 
-async fn collect_numbers(report: &mut StatusReport, primary: &mut Node, standby: &mut Node) {
+async fn collect_numbers(
+    report: &mut StatusReport,
+    primary: &mut Node,
+    standbys: &mut [(usize, Node)],
+) {
     report.ccm_enabled = Some(true);
     match primary.ccm_status().await {
         Ok(s) => {
@@ -277,25 +385,30 @@ async fn collect_numbers(report: &mut StatusReport, primary: &mut Node, standby:
         Err(e) => note_error(report, e),
     }
     let hot = match primary.hot_buffers_count(None).await {
-        Ok(h) => Some(h),
+        Ok(h) => h,
         Err(e) => {
             note_error(report, e);
-            None
+            return;
         }
     };
-    report.hot_buffers = hot;
-    let filter = match standby.buffer_filter(STATUS_FALSE_POSITIVE_RATE).await {
-        Ok((_, f)) => Some(f),
-        Err(e) => {
-            note_error(report, e);
-            None
-        }
-    };
-    if let (Some(hot), Some(filter)) = (hot, filter) {
+    report.hot_buffers = Some(hot);
+    for (first, (i, standby)) in standbys.iter_mut().enumerate() {
+        let filter = match standby.buffer_filter(STATUS_FALSE_POSITIVE_RATE).await {
+            Ok((_, f)) => f,
+            Err(e) => {
+                note_error(report, e);
+                continue;
+            }
+        };
         match primary.hot_buffers_count(Some(&filter)).await {
             Ok(missing) => {
-                report.missing = Some(missing);
-                report.coverage = Some(coverage(hot.max(0) as u64, missing.max(0) as u64));
+                let c = coverage(hot.max(0) as u64, missing.max(0) as u64);
+                report.standbys[*i].missing = Some(missing);
+                report.standbys[*i].coverage = Some(c);
+                if first == 0 {
+                    report.missing = Some(missing);
+                    report.coverage = Some(c);
+                }
             }
             Err(e) => note_error(report, e),
         }
@@ -306,33 +419,84 @@ async fn collect_numbers(report: &mut StatusReport, primary: &mut Node, standby:
 /// print, and whether all is well.
 pub async fn check_connections(cfg: Arc<Config>, cancel: CancellationToken) -> (Vec<String>, bool) {
     let mut lines = Vec::new();
+    let topology = match topology::discover(&cfg, cfg.connect_timeout, &cancel).await {
+        Ok(t) => t,
+        Err(e) => return (vec![format!("topology: FAILED: {e}")], false),
+    };
+    if let Some(leader) = &topology.leader {
+        lines.push(format!(
+            "Patroni: leader {leader}, {} failover candidates",
+            topology.targets.len()
+        ));
+    }
+    let primary = node::resolve(
+        &topology.primary,
+        Side::Primary,
+        options(&cfg),
+        &cancel,
+        true,
+    )
+    .await;
     let mut ok = true;
-    let (primary, standby) = connect_both(&cfg, &cancel, true).await;
-    for (side, node) in [(Side::Primary, &primary), (Side::Standby, &standby)] {
-        match node {
-            Ok(n) => lines.push(format!(
-                "{side}: {} ok (role {}, system {}, pg_ccm {}, PostgreSQL {}, shared_buffers {} blocks)",
-                n.label(),
-                n.role(),
-                n.facts.system_identifier,
-                n.facts.extension_version.as_deref().unwrap_or("?"),
-                n.facts.server_version,
-                n.facts.shared_buffers
-            )),
+    let describe = |n: &Node| {
+        format!(
+            "{} ok (role {}, system {}, pg_ccm {}, PostgreSQL {}, shared_buffers {} blocks)",
+            n.label(),
+            n.role(),
+            n.facts.system_identifier,
+            n.facts.extension_version.as_deref().unwrap_or("?"),
+            n.facts.server_version,
+            n.facts.shared_buffers
+        )
+    };
+    match &primary {
+        Ok(n) => lines.push(format!("primary: {}", describe(n))),
+        Err(e) => {
+            ok = false;
+            lines.push(format!("primary: FAILED: {e}"));
+        }
+    }
+    let mut standbys = 0;
+    for (name, _, node) in connect_standbys(&cfg, &topology, &cancel).await {
+        // "standby: db2:5432 ok", or with Patroni "standby pg2: db2:5432 ok".
+        let side = match &node {
+            Ok(n) if n.label() == name => "standby".to_string(),
+            _ => format!("standby {name}"),
+        };
+        let node = match node {
+            Ok(n) if !n.facts.in_recovery => {
+                lines.push(format!(
+                    "{side}: {} is not in recovery, not warmed",
+                    n.label()
+                ));
+                continue;
+            }
+            Ok(n) => n,
             Err(e) => {
                 ok = false;
                 lines.push(format!("{side}: FAILED: {e}"));
+                continue;
+            }
+        };
+        standbys += 1;
+        let pairing = match (&primary, node.require_extension()) {
+            (_, Err(e)) => Err(e.to_string()),
+            (Ok(p), Ok(())) => node::check_same_system(p, &node),
+            (Err(_), Ok(())) => Ok(()),
+        };
+        match pairing {
+            Ok(()) => lines.push(format!("{side}: {}", describe(&node))),
+            Err(message) => {
+                ok = false;
+                lines.push(format!("{side}: FAILED: {message}"));
             }
         }
     }
-    if let (Ok(p), Ok(s)) = (&primary, &standby) {
-        match node::check_same_system(p, s) {
-            Ok(()) => lines.push("pairing: ok (same system identifier)".to_string()),
-            Err(message) => {
-                ok = false;
-                lines.push(format!("pairing: FAILED: {message}"));
-            }
-        }
+    if standbys == 0 {
+        ok = false;
+        lines.push("standby: FAILED: no host of the topology is a standby".to_string());
+    } else if ok {
+        lines.push("pairing: ok (same system identifier)".to_string());
     }
     (lines, ok)
 }
@@ -354,6 +518,14 @@ mod tests {
         StatusReport {
             primary: node("primary", 5432),
             standby: node("standby", 5433),
+            standbys: vec![StandbyStatus {
+                name: "127.0.0.1:5433".into(),
+                node: node("standby", 5433),
+                missing: Some(20),
+                coverage: Some(coverage(1000, 20)),
+            }],
+            leader: None,
+            excluded: vec![],
             ccm_enabled: Some(true),
             hot_buffers: Some(1000),
             missing: Some(20),

@@ -1,22 +1,30 @@
 //! The sync cycle, the `run` loop around it and the one-shot `sync --once`.
 //!
-//! A cycle: (1) the standby's bloom filter of what it caches, (2) the primary's hot blocks
-//! missing from it, at most the standby's shared_buffers, (3) the list split hottest-first
-//! into batches, (4) one short `ccm_prewarm` call per batch on the standby. Short calls keep
-//! each statement on the standby brief, so a recovery conflict never waits on us for long,
-//! and the hottest blocks land first if the cycle is cut short. ccm_prewarm itself reads the
-//! blocks of every database (other databases' through background workers), so each batch
-//! goes whole over the one standby session.
+//! A cycle: (0) the topology (topology.rs: the connection strings, or Patroni's leader and
+//! failover candidates), (1) each standby's bloom filter of what it caches, (2) one scan of
+//! the primary that returns, per standby, the hot blocks its filter lacks, at most its
+//! shared_buffers (`ccm_hot_blocks_each`; an extension older than 0.4 gets one
+//! `ccm_hot_blocks` call per standby), (3) each list split hottest-first into batches,
+//! (4) one short `ccm_prewarm` call per batch, standby after standby in the warming order.
+//! Short calls keep each statement on a standby brief, so a recovery conflict never waits
+//! on us for long, and the hottest blocks land first if the cycle is cut short.
 //!
 //! Safety is re-checked at every step: each call (every prewarm batch included) returns
 //! pg_is_in_recovery() in the same statement, and ccm_prewarm itself refuses to run on a
-//! node that is not in recovery; so a promotion or demotion is seen before another list is
-//! sent, and the pairing's system identifiers are compared whenever either side (re)connects.
+//! node that is not in recovery; a standby is warmed only when it shares the primary's
+//! system identifier, streams the primary's timeline and streams from the primary (or from
+//! another standby being warmed), so a partitioned old primary is never a source.
+//!
+//! One standby's trouble is its own: a standby that is down, promoted, of another system or
+//! following another primary is passed over (with its own backoff, logged once) while the
+//! others are warmed. Only when no standby can be warmed, or the primary fails, does the
+//! cycle fail and the loop back off.
 //!
 //! Not faults: a recovery conflict (the statement cancelled, or the session terminated) ends
-//! the cycle without backoff, and what was not loaded comes again next cycle because the
-//! standby's filter is rebuilt; a storage error on one page costs its batch only.
+//! that standby's share of the cycle, and what was not loaded comes again next cycle because
+//! its filter is rebuilt; a storage error on one page costs its batch only.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,37 +37,73 @@ use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::config::{format_duration, Config};
+use crate::conninfo::{ConnInfo, HostSpec};
 use crate::metrics::{coverage, saturating_i64, Metrics, Stage};
-use crate::node::{self, ConnectOptions, ErrorClass, Node, NodeError, PrewarmResult, Side};
+use crate::node::{
+    self, ConnectOptions, ErrorClass, Node, NodeError, PrewarmResult, Side, WalSource,
+};
 use crate::notify;
+use crate::topology::{self, Target};
 
-/// What one cycle did.
+/// The longest wait before asking a host that was not in recovery again.
+const NOT_A_STANDBY_RECHECK: Duration = Duration::from_secs(10);
+
+/// What one cycle did for one standby.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct StandbyReport {
+    pub name: String,
+    /// Hot buffers the primary's scan found (the same for every standby of a cycle).
+    pub hot_buffers: u64,
+    /// Blocks in its list, i.e. hot blocks (of its hottest part) its filter lacked.
+    pub sent: u64,
+    pub loaded: u64,
+    pub recovery_conflicts: u64,
+    pub storage_errors: u64,
+}
+
+impl StandbyReport {
+    pub fn coverage(&self) -> f64 {
+        coverage(self.hot_buffers, self.sent)
+    }
+}
+
+/// What one cycle did, summed over the standbys warmed.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct CycleReport {
     /// Hot buffers the primary's scan found before filtering.
     pub hot_buffers: u64,
     pub buffers_scanned: u64,
-    /// Blocks in the list, i.e. hot blocks the standby's filter lacked.
+    /// Blocks in the lists, i.e. hot blocks the standbys' filters lacked.
     pub sent: u64,
     pub batches: usize,
     pub requested: u64,
     pub loaded: u64,
     pub already_cached: u64,
-    /// Skipped by the standby, plus the blocks of batches lost to storage errors.
+    /// Skipped by the standbys, plus the blocks of batches lost to storage errors.
     pub skipped: u64,
-    /// Batches lost to a storage error on the standby.
+    /// Batches lost to a storage error on a standby.
     pub storage_errors: u64,
-    /// Recovery conflicts; one ends the cycle early.
+    /// Recovery conflicts; one ends that standby's share of the cycle.
     pub recovery_conflicts: u64,
     pub filter_bytes: usize,
     pub list_bytes: usize,
     pub duration: Duration,
+    /// The standbys warmed this cycle, in order.
+    pub standbys: Vec<StandbyReport>,
 }
 
 impl CycleReport {
-    /// The standby's share of the hot set at scan time.
+    /// The share of the hot set cached at scan time, on the standby that had the least.
     pub fn coverage(&self) -> f64 {
-        coverage(self.hot_buffers, self.sent)
+        match self
+            .standbys
+            .iter()
+            .map(StandbyReport::coverage)
+            .reduce(f64::min)
+        {
+            Some(lowest) => lowest,
+            None => coverage(self.hot_buffers, self.sent),
+        }
     }
 
     /// Whether the cycle was cut short by a recovery conflict.
@@ -78,7 +122,8 @@ pub enum CycleError {
         side: Side,
         error: NodeError,
     },
-    /// The pairing is unsafe (different systems): both connections were dropped.
+    /// The pairing is unsafe (different systems, another primary's WAL): that standby's
+    /// connection was dropped.
     #[error("{0}")]
     Safety(String),
     /// A node changed role under us (failover): its connection was dropped.
@@ -88,6 +133,12 @@ pub enum CycleError {
     Decode(String),
     #[error("Cluster Cache Manager is disabled on the {side} {host} (ccm.enabled = off)")]
     Disabled { side: Side, host: String },
+    /// Patroni could not be asked, or named no leader.
+    #[error("{0}")]
+    Topology(String),
+    /// Every standby failed, each in its own way (all named in the message).
+    #[error("{message}")]
+    Standbys { stage: Stage, message: String },
     #[error("cancelled")]
     Cancelled,
 }
@@ -99,6 +150,8 @@ impl CycleError {
             CycleError::Node { stage, .. } => Some(*stage),
             CycleError::Safety(_) | CycleError::RoleChanged { .. } => Some(Stage::Safety),
             CycleError::Decode(_) => Some(Stage::HotBlocks),
+            CycleError::Topology(_) => Some(Stage::Connect),
+            CycleError::Standbys { stage, .. } => Some(*stage),
             CycleError::Disabled { .. } | CycleError::Cancelled => None,
         }
     }
@@ -111,16 +164,78 @@ enum Flow {
     EndCycle,
 }
 
-/// The two connections and what the loop remembers between cycles.
+/// One standby to warm, and what the loop remembers of it between cycles.
+struct Standby {
+    name: String,
+    conninfo: ConnInfo,
+    node: Option<Node>,
+    /// Its own backoff, used while other standbys are being warmed.
+    backoff: Backoff,
+    retry_at: Option<Instant>,
+    /// The problem last logged for it: each is logged once, when it starts.
+    problem: Option<String>,
+}
+
+impl Standby {
+    fn new(target: Target, max_backoff: Duration) -> Self {
+        Standby {
+            name: target.name,
+            conninfo: target.conninfo,
+            node: None,
+            backoff: Backoff::new(max_backoff),
+            retry_at: None,
+            problem: None,
+        }
+    }
+
+    fn host(&self) -> Option<HostSpec> {
+        self.conninfo.hosts().into_iter().next()
+    }
+}
+
+/// Whose call a result is.
+#[derive(Debug, Clone, Copy)]
+enum Who {
+    Primary,
+    Standby(usize),
+}
+
+impl Who {
+    fn side(self) -> Side {
+        match self {
+            Who::Primary => Side::Primary,
+            Who::Standby(_) => Side::Standby,
+        }
+    }
+}
+
+/// A standby's fate in step (1).
+enum Ready {
+    Filter(Vec<u8>),
+    /// Not warmed this cycle, and not a fault (waiting out its backoff, a primary listed
+    /// among the standbys, a recovery conflict).
+    Pass,
+}
+
+/// The connections and what the loop remembers between cycles.
 pub struct Syncer {
     cfg: Arc<Config>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
+    /// The primary's connection string this cycle (from the topology).
+    primary_info: Option<ConnInfo>,
     primary: Option<Node>,
-    standby: Option<Node>,
-    /// The host each side last connected to, to count retargets.
+    /// Where the primary's WAL goes from: its timeline (extension 0.4 and later).
+    primary_source: Option<WalSource>,
+    /// The primary's addresses, to recognise it as a standby's WAL sender.
+    primary_addrs: Vec<IpAddr>,
+    /// The host the primary side last connected to, to count retargets.
     last_primary_host: Option<String>,
-    last_standby_host: Option<String>,
+    /// Patroni's leader at the last look.
+    leader: Option<String>,
+    standbys: Vec<Standby>,
+    /// Patroni members left out, as last logged.
+    excluded: Vec<(String, String)>,
     /// Whether "CCM is disabled" was already logged (it is logged once per episode).
     disabled_logged: bool,
 }
@@ -131,41 +246,15 @@ impl Syncer {
             cfg,
             metrics,
             cancel,
+            primary_info: None,
             primary: None,
-            standby: None,
+            primary_source: None,
+            primary_addrs: Vec::new(),
             last_primary_host: None,
-            last_standby_host: None,
+            leader: None,
+            standbys: Vec::new(),
+            excluded: Vec::new(),
             disabled_logged: false,
-        }
-    }
-
-    fn slot(&mut self, side: Side) -> &mut Option<Node> {
-        match side {
-            Side::Primary => &mut self.primary,
-            Side::Standby => &mut self.standby,
-        }
-    }
-
-    fn node(&mut self, side: Side) -> &mut Node {
-        self.slot(side).as_mut().expect("connected by ensure_side")
-    }
-
-    /// The host a side is (or was last) connected to, for messages.
-    fn side_label(&self, side: Side) -> String {
-        let (slot, last) = match side {
-            Side::Primary => (&self.primary, &self.last_primary_host),
-            Side::Standby => (&self.standby, &self.last_standby_host),
-        };
-        match (slot, last) {
-            (Some(node), _) => node.label(),
-            (None, Some(host)) => host.clone(),
-            (None, None) => "?".to_string(),
-        }
-    }
-
-    fn drop_node(&mut self, side: Side) {
-        if self.slot(side).take().is_some() {
-            self.metrics.set_node_up(side, false);
         }
     }
 
@@ -176,73 +265,162 @@ impl Syncer {
         }
     }
 
-    /// Makes sure `side` has a live connection to a node of the right role.
-    async fn ensure_side(&mut self, side: Side) -> Result<(), CycleError> {
-        if let Some(node) = self.slot(side) {
+    fn primary(&mut self) -> &mut Node {
+        self.primary.as_mut().expect("connected by ensure_primary")
+    }
+
+    fn standby(&mut self, i: usize) -> &mut Node {
+        self.standbys[i]
+            .node
+            .as_mut()
+            .expect("connected by ensure_standby")
+    }
+
+    fn primary_label(&self) -> String {
+        match (&self.primary, &self.last_primary_host) {
+            (Some(node), _) => node.label(),
+            (None, Some(host)) => host.clone(),
+            (None, None) => "?".to_string(),
+        }
+    }
+
+    fn drop_primary(&mut self) {
+        if self.primary.take().is_some() {
+            self.metrics.set_node_up(Side::Primary, false);
+        }
+        self.primary_source = None;
+        self.primary_addrs.clear();
+    }
+
+    fn drop_standby(&mut self, i: usize) {
+        if self.standbys[i].node.take().is_some() {
+            self.metrics.set_standby_up(&self.standbys[i].name, false);
+        }
+        let any = self.standbys.iter().any(|s| s.node.is_some());
+        self.metrics.set_node_up(Side::Standby, any);
+    }
+
+    // ---- (0) topology -----------------------------------------------------------------
+
+    /// Reads the topology and lines the standbys up in its order, keeping the sessions of
+    /// those that stay. A changed leader drops the primary's session.
+    async fn refresh_topology(&mut self) -> Result<(), CycleError> {
+        let discovered = tokio::select! {
+            _ = self.cancel.cancelled() => return Err(CycleError::Cancelled),
+            t = topology::discover(&self.cfg, self.cfg.connect_timeout, &self.cancel) => t,
+        };
+        let topology = discovered.map_err(|e| CycleError::Topology(e.to_string()))?;
+        if topology.leader != self.leader {
+            if let (Some(old), Some(new)) = (&self.leader, &topology.leader) {
+                warn!("Patroni's leader moved from {old} to {new}; following it");
+                self.drop_primary();
+            }
+            self.leader = topology.leader.clone();
+        }
+        let moved = self
+            .primary_info
+            .as_ref()
+            .is_some_and(|old| old.hosts() != topology.primary.hosts());
+        if moved {
+            self.drop_primary();
+        }
+        self.primary_info = Some(topology.primary.clone());
+
+        let mut old = std::mem::take(&mut self.standbys);
+        for target in topology.targets {
+            match old.iter().position(|s| s.name == target.name) {
+                Some(pos) => {
+                    let mut standby = old.remove(pos);
+                    if standby.conninfo.hosts() != target.conninfo.hosts() {
+                        standby.node = None;
+                    }
+                    standby.conninfo = target.conninfo;
+                    self.standbys.push(standby);
+                }
+                None => {
+                    if !self.standbys.is_empty() || self.leader.is_some() {
+                        debug!(standby = %target.name, "a standby to warm");
+                    }
+                    self.standbys
+                        .push(Standby::new(target, self.cfg.max_backoff));
+                }
+            }
+        }
+        for gone in old {
+            info!(
+                standby = %gone.name,
+                "{} is no longer a failover candidate; not warming it any more",
+                gone.name
+            );
+        }
+        if topology.excluded != self.excluded {
+            for (name, why) in &topology.excluded {
+                info!(member = %name, "not warming the Patroni member {name} ({why})");
+            }
+            self.excluded = topology.excluded;
+        }
+        let names: Vec<String> = self.standbys.iter().map(|s| s.name.clone()).collect();
+        self.metrics.standbys(&names);
+        let any = self.standbys.iter().any(|s| s.node.is_some());
+        self.metrics.set_node_up(Side::Standby, any);
+        Ok(())
+    }
+
+    // ---- the primary ------------------------------------------------------------------
+
+    /// Makes sure the primary side has a live session to a node not in recovery.
+    async fn ensure_primary(&mut self) -> Result<(), CycleError> {
+        if let Some(node) = &self.primary {
             if !node.is_closed() {
                 return Ok(());
             }
             warn!(
-                "lost the connection to the {side} {}; reconnecting",
+                "lost the connection to the primary {}; reconnecting",
                 node.label()
             );
-            self.drop_node(side);
+            self.drop_primary();
         }
-        let cfg = self.cfg.clone();
-        let node = node::resolve(cfg.conninfo(side), side, self.options(), &self.cancel, true)
-            .await
-            .map_err(|error| match error {
-                NodeError::Cancelled => CycleError::Cancelled,
-                error => CycleError::Node {
-                    stage: Stage::Connect,
-                    side,
-                    error,
-                },
-            })?;
-        let label = node.label();
-        let last = match side {
-            Side::Primary => &mut self.last_primary_host,
-            Side::Standby => &mut self.last_standby_host,
+        let info = self.primary_info.clone().expect("set by refresh_topology");
+        let connect = |error| match error {
+            NodeError::Cancelled => CycleError::Cancelled,
+            error => CycleError::Node {
+                stage: Stage::Connect,
+                side: Side::Primary,
+                error,
+            },
         };
-        if let Some(previous) = last.replace(label.clone()) {
+        let mut node = node::resolve(&info, Side::Primary, self.options(), &self.cancel, true)
+            .await
+            .map_err(connect)?;
+        let source = node.wal_source().await.map_err(connect)?;
+        let label = node.label();
+        if let Some(previous) = self.last_primary_host.replace(label.clone()) {
             if previous != label {
-                self.metrics.retarget(side);
-                warn!("the {side} side moved from {previous} to {label}");
+                self.metrics.retarget(Side::Primary);
+                warn!("the primary side moved from {previous} to {label}");
             }
         }
         info!(
-            side = side.as_str(),
+            side = "primary",
             host = %label,
             system_identifier = %node.facts.system_identifier,
             server_version = %node.facts.server_version,
             pg_ccm = node.facts.extension_version.as_deref().unwrap_or("?"),
             shared_buffers_blocks = node.facts.shared_buffers,
-            "connected to the {side}"
+            timeline = source.as_ref().and_then(|s| s.timeline),
+            "connected to the primary"
         );
-        self.metrics.set_node_up(side, true);
-        *self.slot(side) = Some(node);
+        self.primary_addrs = addresses(&node.host).await;
+        self.primary_source = source;
+        self.metrics.set_node_up(Side::Primary, true);
+        self.primary = Some(node);
         Ok(())
     }
 
-    /// Both sides connected and of one system.
-    async fn ensure_pair(&mut self) -> Result<(), CycleError> {
-        self.ensure_side(Side::Primary).await?;
-        self.ensure_side(Side::Standby).await?;
-        let (Some(primary), Some(standby)) = (&self.primary, &self.standby) else {
-            unreachable!("both sides were just ensured");
-        };
-        if let Err(message) = node::check_same_system(primary, standby) {
-            self.drop_node(Side::Primary);
-            self.drop_node(Side::Standby);
-            return Err(CycleError::Safety(message));
-        }
-        Ok(())
-    }
-
-    /// Turns a call's error into a cycle error, dropping the connection if it is broken.
+    /// Turns a call's error into a cycle error, dropping the session if it is broken.
     fn call<T>(
         &mut self,
-        side: Side,
+        who: Who,
         stage: Stage,
         result: Result<T, NodeError>,
     ) -> Result<T, CycleError> {
@@ -252,129 +430,481 @@ impl Syncer {
                 Ok(v)
             }
             Err(NodeError::Cancelled) => Err(CycleError::Cancelled),
-            Err(NodeError::Disabled { host }) => Err(CycleError::Disabled { side, host }),
+            Err(NodeError::Disabled { host }) => Err(CycleError::Disabled {
+                side: who.side(),
+                host,
+            }),
             Err(error) => {
-                if self.broken(side, &error) {
-                    self.drop_node(side);
+                match who {
+                    Who::Primary => {
+                        if error.breaks_connection()
+                            || self.primary.as_ref().is_some_and(Node::is_closed)
+                        {
+                            self.drop_primary();
+                        }
+                    }
+                    Who::Standby(i) => {
+                        if self.standby_broken(i, &error) {
+                            self.drop_standby(i);
+                        }
+                    }
                 }
-                Err(CycleError::Node { stage, side, error })
+                Err(CycleError::Node {
+                    stage,
+                    side: who.side(),
+                    error,
+                })
             }
         }
     }
 
-    /// Whether `error` left `side`'s connection useless.
-    fn broken(&self, side: Side, error: &NodeError) -> bool {
-        let node = match side {
-            Side::Primary => &self.primary,
-            Side::Standby => &self.standby,
-        };
-        error.breaks_connection() || node.as_ref().is_some_and(Node::is_closed)
-    }
-
-    /// Checks the role a call reported; a changed role ends this side's connection.
-    fn check_role(&mut self, side: Side, in_recovery: bool) -> Result<(), CycleError> {
-        if in_recovery == side.wants_recovery() {
-            return Ok(());
+    /// The primary reported recovery: demoted or replaced.
+    fn primary_demoted(&mut self) -> CycleError {
+        let host = self.primary_label();
+        self.drop_primary();
+        CycleError::RoleChanged {
+            side: Side::Primary,
+            message: format!(
+                "primary {host} is in recovery (demoted or replaced); looking for a new primary"
+            ),
         }
-        Err(self.role_changed(side))
     }
 
-    /// A node left the role its side needs: drops its connection and says why.
-    fn role_changed(&mut self, side: Side) -> CycleError {
-        let host = self.side_label(side);
-        let message = match side {
-            Side::Standby => format!(
+    // ---- (1) the standbys -------------------------------------------------------------
+
+    /// Connects standby `i` if needed. `Ok(false)`: the host is not a standby (a primary
+    /// listed among the standbys, or the node just promoted).
+    async fn ensure_standby(&mut self, i: usize) -> Result<bool, CycleError> {
+        if let Some(node) = &self.standbys[i].node {
+            if !node.is_closed() {
+                return Ok(true);
+            }
+            warn!(
+                standby = %self.standbys[i].name,
+                "lost the connection to the standby {}; reconnecting",
+                node.label()
+            );
+            self.drop_standby(i);
+        }
+        let Some(host) = self.standbys[i].host() else {
+            return Ok(false);
+        };
+        let options = self.options();
+        let connected = Node::connect(
+            &self.standbys[i].conninfo,
+            &host,
+            Side::Standby,
+            options,
+            &self.cancel,
+        )
+        .await;
+        let node = match connected {
+            Ok(node) => node,
+            Err(NodeError::Cancelled) => return Err(CycleError::Cancelled),
+            Err(error) => {
+                return Err(CycleError::Node {
+                    stage: Stage::Connect,
+                    side: Side::Standby,
+                    error,
+                })
+            }
+        };
+        if !node.facts.in_recovery {
+            return Ok(false);
+        }
+        node.require_extension().map_err(|error| CycleError::Node {
+            stage: Stage::Connect,
+            side: Side::Standby,
+            error,
+        })?;
+        if let Some(primary) = &self.primary {
+            node::check_same_system(primary, &node).map_err(CycleError::Safety)?;
+        }
+        let standby = &self.standbys[i];
+        info!(
+            side = "standby",
+            standby = %standby.name,
+            host = %node.label(),
+            system_identifier = %node.facts.system_identifier,
+            server_version = %node.facts.server_version,
+            pg_ccm = node.facts.extension_version.as_deref().unwrap_or("?"),
+            shared_buffers_blocks = node.facts.shared_buffers,
+            "connected to the standby {}",
+            standby.name
+        );
+        self.metrics.set_standby_up(&standby.name, true);
+        self.metrics.set_node_up(Side::Standby, true);
+        self.standbys[i].node = Some(node);
+        Ok(true)
+    }
+
+    fn standby_broken(&self, i: usize, error: &NodeError) -> bool {
+        error.breaks_connection() || self.standbys[i].node.as_ref().is_some_and(Node::is_closed)
+    }
+
+    /// Standby `i` was promoted (no longer in recovery): drops it and says so.
+    fn promoted(&mut self, i: usize) -> CycleError {
+        let host = self.standbys[i]
+            .node
+            .as_ref()
+            .map(Node::label)
+            .unwrap_or_else(|| self.standbys[i].name.clone());
+        self.drop_standby(i);
+        CycleError::RoleChanged {
+            side: Side::Standby,
+            message: format!(
                 "standby {host} was promoted (no longer in recovery); looking for a new standby"
             ),
-            Side::Primary => {
-                format!("primary {host} is in recovery (demoted or replaced); looking for a new primary")
-            }
-        };
-        self.drop_node(side);
-        CycleError::RoleChanged { side, message }
+        }
     }
+
+    /// Checks that standby `i` follows this primary: the same timeline, and WAL streamed
+    /// from the primary (or from another standby being warmed, a cascade). Skipped with an
+    /// extension older than 0.4.
+    async fn check_source(&mut self, i: usize) -> Result<(), CycleError> {
+        let Some(primary_timeline) = self.primary_source.as_ref().and_then(|s| s.timeline) else {
+            return Ok(());
+        };
+        let result = self.standby(i).wal_source().await;
+        let Some(source) = self.call(Who::Standby(i), Stage::Safety, result)? else {
+            return Ok(());
+        };
+        if !source.in_recovery {
+            return Err(self.promoted(i));
+        }
+        let name = self.standbys[i].name.clone();
+        let primary = self.primary_label();
+        if let Some(timeline) = source.timeline {
+            if timeline != primary_timeline {
+                self.drop_standby(i);
+                return Err(CycleError::Safety(format!(
+                    "standby {name} streams timeline {timeline} but the primary {primary} writes \
+                     timeline {primary_timeline}: it follows another primary, so it is not warmed"
+                )));
+            }
+        }
+        if let (Some(sender), Some(port)) = (source.sender_host.as_deref(), source.sender_port) {
+            if !self.is_cluster_member(sender, port).await {
+                self.drop_standby(i);
+                return Err(CycleError::Safety(format!(
+                    "standby {name} streams its WAL from {sender}:{port}, which is neither the \
+                     primary {primary} nor a standby being warmed, so it is not warmed"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a WAL sender's host and port name the primary or one of the standbys.
+    async fn is_cluster_member(&self, sender: &str, port: u16) -> bool {
+        let same_name = |host: &HostSpec| host.port == port && host.name() == sender;
+        let primary_host = self.primary.as_ref().map(|p| p.host.clone());
+        if primary_host.as_ref().is_some_and(same_name) {
+            return true;
+        }
+        if self
+            .standbys
+            .iter()
+            .filter_map(Standby::host)
+            .any(|h| same_name(&h))
+        {
+            return true;
+        }
+        if sender.starts_with('/') {
+            // A Unix socket: a server on this machine; only the port tells them apart.
+            return primary_host.is_some_and(|h| h.port == port);
+        }
+        if primary_host.is_some_and(|h| h.port != port) {
+            return false;
+        }
+        let sender_addrs = lookup(sender, port).await;
+        sender_addrs.iter().any(|a| self.primary_addrs.contains(a))
+    }
+
+    /// Step (1) for standby `i`: connected, checked, and its filter.
+    async fn standby_filter(
+        &mut self,
+        i: usize,
+        report: &mut CycleReport,
+    ) -> Result<Ready, CycleError> {
+        if self.standbys[i]
+            .retry_at
+            .is_some_and(|at| Instant::now() < at)
+        {
+            return Ok(Ready::Pass);
+        }
+        if !self.ensure_standby(i).await? {
+            // A primary listed among the standbys stays one until a failover, when the
+            // old primary comes back as a standby: ask again now and then, never rarely.
+            let standby = &mut self.standbys[i];
+            let delay = standby.backoff.next_delay().min(NOT_A_STANDBY_RECHECK);
+            standby.retry_at = Some(Instant::now() + delay);
+            let note = format!("{} is not in recovery", standby.name);
+            if standby.problem.as_deref() != Some(note.as_str()) {
+                info!(standby = %standby.name, "{note}; not warming it (asking again in {})", format_duration(Duration::from_millis(delay.as_millis() as u64)));
+                standby.problem = Some(note);
+            }
+            return Ok(Ready::Pass);
+        }
+        self.check_source(i).await?;
+        let fpr = self.cfg.false_positive_rate;
+        let result = self.standby(i).buffer_filter(fpr).await;
+        if let Err(error) = &result {
+            if error.class() == ErrorClass::RecoveryConflict {
+                self.recovery_conflict(i, error, report);
+                return Ok(Ready::Pass);
+            }
+        }
+        let (in_recovery, filter) = self.call(Who::Standby(i), Stage::Filter, result)?;
+        if !in_recovery {
+            return Err(self.promoted(i));
+        }
+        report.filter_bytes += filter.len();
+        self.metrics
+            .filter_bytes
+            .set(saturating_i64(filter.len() as u64));
+        Ok(Ready::Filter(filter))
+    }
+
+    /// A standby's trouble while the cycle goes on with others: logged when it starts,
+    /// counted, and retried after its own backoff.
+    fn standby_trouble(&mut self, i: usize, error: &CycleError) {
+        if let Some(stage) = error.stage() {
+            self.metrics.cycle_error(stage);
+        }
+        let standby = &mut self.standbys[i];
+        let delay = standby.backoff.next_delay();
+        standby.retry_at = Some(Instant::now() + delay);
+        let text = error.to_string();
+        if standby.problem.as_deref() != Some(text.as_str()) {
+            let retry = format_duration(Duration::from_millis(delay.as_millis() as u64));
+            match error {
+                CycleError::Safety(_) => {
+                    error!(standby = %standby.name, "{text}; retrying in {retry}")
+                }
+                _ => {
+                    warn!(standby = %standby.name, "{text}; warming the other standbys, retrying this one in {retry}")
+                }
+            }
+            standby.problem = Some(text);
+        }
+    }
+
+    /// A standby warmed without trouble: its backoff and problem are over.
+    fn standby_fine(&mut self, i: usize) {
+        let standby = &mut self.standbys[i];
+        standby.backoff.reset();
+        standby.retry_at = None;
+        if standby.problem.take().is_some() {
+            info!(standby = %standby.name, "warming the standby {} again", standby.name);
+        }
+    }
+
+    // ---- the cycle --------------------------------------------------------------------
 
     /// One cycle; `progress` (sync --once) counts blocks processed.
     pub async fn cycle(
         &mut self,
         progress: Option<&ProgressBar>,
     ) -> Result<CycleReport, CycleError> {
-        self.ensure_pair().await?;
+        self.refresh_topology().await?;
+        self.ensure_primary().await?;
         let started = Instant::now();
         let mut report = CycleReport::default();
 
-        // (1) What the standby already caches.
-        let fpr = self.cfg.false_positive_rate;
-        let result = self.node(Side::Standby).buffer_filter(fpr).await;
-        let result = match result {
-            Err(error) if error.class() == ErrorClass::RecoveryConflict => {
-                self.recovery_conflict(&error, &mut report);
+        // (1) What each standby already caches.
+        let mut ready: Vec<(usize, Vec<u8>)> = Vec::new();
+        let mut troubles: Vec<(usize, CycleError)> = Vec::new();
+        for i in 0..self.standbys.len() {
+            match self.standby_filter(i, &mut report).await {
+                Ok(Ready::Filter(filter)) => ready.push((i, filter)),
+                Ok(Ready::Pass) => {}
+                Err(CycleError::Cancelled) => return Err(CycleError::Cancelled),
+                Err(e @ CycleError::Disabled { .. }) => return Err(e),
+                Err(e) => troubles.push((i, e)),
+            }
+        }
+        if ready.is_empty() {
+            if report.interrupted() {
                 return Ok(self.finish(report, started));
             }
-            result => result,
-        };
-        let (in_recovery, filter) = self.call(Side::Standby, Stage::Filter, result)?;
-        self.check_role(Side::Standby, in_recovery)?;
-        report.filter_bytes = filter.len();
-        self.metrics
-            .filter_bytes
-            .set(saturating_i64(filter.len() as u64));
+            // Nothing to warm: the first standby's trouble is the cycle's, and the loop backs
+            // off as a whole (the standbys' own backoffs start afresh).
+            for standby in &mut self.standbys {
+                if standby.node.is_none() {
+                    standby.retry_at = None;
+                }
+            }
+            let mut troubles = troubles;
+            return Err(match troubles.len() {
+                0 => self.no_standby(),
+                1 => troubles.remove(0).1,
+                _ => self.no_standby_of(troubles),
+            });
+        }
+        for (i, e) in troubles {
+            self.standby_trouble(i, &e);
+        }
 
-        // (2) What the primary has hot that the filter lacks; no more than the standby can hold.
-        let max_blocks = self.node(Side::Standby).facts.shared_buffers.max(1);
-        let result = self
-            .node(Side::Primary)
-            .hot_blocks(&filter, max_blocks)
-            .await;
-        let (in_recovery, list_bytes) = self.call(Side::Primary, Stage::HotBlocks, result)?;
-        self.check_role(Side::Primary, in_recovery)?;
-        // Both nodes answered the CCM calls, so CCM is on again if it was off.
+        // (2) One scan of the primary: per standby, what it lacks, at most what it holds.
+        let lists = self.hot_lists(&ready).await?;
+        // Every node answered the CCM calls, so CCM is on again if it was off.
         self.mark_enabled();
-        report.list_bytes = list_bytes.len();
-        self.metrics
-            .block_list_bytes
-            .set(saturating_i64(list_bytes.len() as u64));
 
         // The primary's logical WAL cache, for the metrics only: a failure here is logged
         // and never stops the cycle.
-        match self.node(Side::Primary).wal_cache().await {
+        match self.primary().wal_cache().await {
             Ok(Some(status)) => self.metrics.wal_cache(&status),
             Ok(None) => {}
             Err(error) => debug!(%error, "reading the logical WAL cache status failed"),
         }
 
-        // (3) Decode (no more blocks than asked for) and split, hottest first.
-        let limit = u64::try_from(max_blocks).unwrap_or(1);
-        let list = BlockList::decode_bounded(&list_bytes, limit)
+        // (3), (4) Standby after standby, in the warming order.
+        for ((i, _), list) in ready.iter().zip(lists) {
+            match self.warm(*i, &list, progress, &mut report).await {
+                Ok(()) => self.standby_fine(*i),
+                Err(
+                    e @ (CycleError::Cancelled
+                    | CycleError::Decode(_)
+                    | CycleError::Disabled { .. }),
+                ) => return Err(e),
+                Err(e) => self.standby_trouble(*i, &e),
+            }
+        }
+        self.metrics
+            .hot_set_blocks
+            .set(saturating_i64(report.hot_buffers));
+        self.metrics.coverage_ratio.set(report.coverage());
+        Ok(self.finish(report, started))
+    }
+
+    /// Several standbys, each with its own trouble: one error that names them all.
+    fn no_standby_of(&self, troubles: Vec<(usize, CycleError)>) -> CycleError {
+        let safety = troubles
+            .iter()
+            .any(|(_, e)| matches!(e, CycleError::Safety(_)));
+        let stage = troubles[0].1.stage().unwrap_or(Stage::Connect);
+        let message = troubles
+            .iter()
+            .map(|(i, e)| format!("{}: {e}", self.standbys[*i].name))
+            .collect::<Vec<_>>()
+            .join("; ");
+        CycleError::Standbys {
+            stage: if safety { Stage::Safety } else { stage },
+            message: format!("no standby can be warmed: {message}"),
+        }
+    }
+
+    /// The error when no host of the topology is a standby to warm.
+    fn no_standby(&self) -> CycleError {
+        let tried = self
+            .standbys
+            .iter()
+            .map(|s| format!("{} is not in recovery", s.name))
+            .collect::<Vec<_>>();
+        let tried = if tried.is_empty() {
+            "no failover candidate is listed".to_string()
+        } else {
+            tried.join("; ")
+        };
+        CycleError::Node {
+            stage: Stage::Connect,
+            side: Side::Standby,
+            error: NodeError::NoMatch {
+                side: Side::Standby,
+                tried,
+            },
+        }
+    }
+
+    /// Step (2): the lists, in the order of `ready`, from one scan when the extension can.
+    async fn hot_lists(&mut self, ready: &[(usize, Vec<u8>)]) -> Result<Vec<Vec<u8>>, CycleError> {
+        let limits: Vec<i64> = ready
+            .iter()
+            .map(|(i, _)| {
+                self.standbys[*i]
+                    .node
+                    .as_ref()
+                    .map_or(1, |n| n.facts.shared_buffers.max(1))
+            })
+            .collect();
+        let mut lists = Vec::with_capacity(ready.len());
+        if ready.len() > 1 && self.primary().multi_standby() {
+            let filters: Vec<Option<&[u8]>> =
+                ready.iter().map(|(_, f)| Some(f.as_slice())).collect();
+            let result = self.primary().hot_blocks_each(&filters, &limits).await;
+            let (in_recovery, each) = self.call(Who::Primary, Stage::HotBlocks, result)?;
+            if in_recovery {
+                return Err(self.primary_demoted());
+            }
+            lists = each;
+        } else {
+            for ((_, filter), limit) in ready.iter().zip(&limits) {
+                let result = self.primary().hot_blocks(filter, *limit).await;
+                let (in_recovery, list) = self.call(Who::Primary, Stage::HotBlocks, result)?;
+                if in_recovery {
+                    return Err(self.primary_demoted());
+                }
+                lists.push(list);
+            }
+        }
+        let bytes: usize = lists.iter().map(Vec::len).sum();
+        self.metrics
+            .block_list_bytes
+            .set(saturating_i64(bytes as u64));
+        Ok(lists)
+    }
+
+    /// Steps (3) and (4) for standby `i`: its list decoded and loaded in batches.
+    async fn warm(
+        &mut self,
+        i: usize,
+        list_bytes: &[u8],
+        progress: Option<&ProgressBar>,
+        report: &mut CycleReport,
+    ) -> Result<(), CycleError> {
+        let limit = self.standbys[i]
+            .node
+            .as_ref()
+            .map_or(1, |n| n.facts.shared_buffers.max(1));
+        let list = BlockList::decode_bounded(list_bytes, u64::try_from(limit).unwrap_or(1))
             .map_err(|e| CycleError::Decode(e.to_string()))?;
         report.hot_buffers = list.header.hot_buffers_found;
         report.buffers_scanned = list.header.buffers_scanned;
-        report.sent = list.len() as u64;
-        self.metrics.scan(report.hot_buffers, report.sent);
+        report.list_bytes += list_bytes.len();
+        let sent = list.len() as u64;
+        report.sent += sent;
+        let name = self.standbys[i].name.clone();
+        self.metrics
+            .standby_scan(&name, list.header.hot_buffers_found, sent);
+        report.standbys.push(StandbyReport {
+            name,
+            hot_buffers: list.header.hot_buffers_found,
+            sent,
+            ..Default::default()
+        });
         if let Some(pb) = progress {
-            pb.inc_length(report.sent);
+            pb.inc_length(sent);
         }
-
-        // (4) One short ccm_prewarm per batch.
-        if report.sent > 0 {
-            let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
-            report.batches = batches.len();
-            for batch in &batches {
-                let blocks = decode_block_list_header(batch)
-                    .map(|h| u64::from(h.blocks))
-                    .map_err(|e| CycleError::Decode(format!("a batch of it: {e}")))?;
-                let result = self.node(Side::Standby).prewarm(batch).await;
-                let flow = self.prewarm_outcome(blocks, result, &mut report)?;
-                if let Some(pb) = progress {
-                    pb.inc(blocks);
-                }
-                if flow == Flow::EndCycle {
-                    break;
-                }
+        if sent == 0 {
+            return Ok(());
+        }
+        let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
+        report.batches += batches.len();
+        for batch in &batches {
+            let blocks = decode_block_list_header(batch)
+                .map(|h| u64::from(h.blocks))
+                .map_err(|e| CycleError::Decode(format!("a batch of it: {e}")))?;
+            let result = self.standby(i).prewarm(batch).await;
+            let flow = self.prewarm_outcome(i, blocks, result, report)?;
+            if let Some(pb) = progress {
+                pb.inc(blocks);
+            }
+            if flow == Flow::EndCycle {
+                break;
             }
         }
-
-        Ok(self.finish(report, started))
+        Ok(())
     }
 
     fn finish(&self, mut report: CycleReport, started: Instant) -> CycleReport {
@@ -383,79 +913,91 @@ impl Syncer {
         report
     }
 
-    /// What one prewarm call's answer means for the cycle.
+    /// What one prewarm call's answer means for standby `i`'s share of the cycle.
     fn prewarm_outcome(
         &mut self,
+        i: usize,
         blocks: u64,
         result: Result<(bool, PrewarmResult), NodeError>,
         report: &mut CycleReport,
     ) -> Result<Flow, CycleError> {
         let error = match result {
             Ok((true, done)) => {
-                self.account(blocks, &done, report);
+                self.account(i, blocks, &done, report);
                 return Ok(Flow::Next);
             }
             // Promoted during the call: nothing more goes to this server.
-            Ok((false, _)) => return Err(self.role_changed(Side::Standby)),
+            Ok((false, _)) => return Err(self.promoted(i)),
             Err(error) => error,
         };
         match error.class() {
-            ErrorClass::NotInRecovery => Err(self.role_changed(Side::Standby)),
+            ErrorClass::NotInRecovery => Err(self.promoted(i)),
             ErrorClass::RecoveryConflict => {
-                self.recovery_conflict(&error, report);
+                self.recovery_conflict(i, &error, report);
                 Ok(Flow::EndCycle)
             }
-            ErrorClass::Storage if !self.broken(Side::Standby, &error) => {
-                let host = self.side_label(Side::Standby);
+            ErrorClass::Storage if !self.standby_broken(i, &error) => {
+                let name = self.standbys[i].name.clone();
                 // With its DETAIL, which names the database when a prewarm worker hit it.
                 let message = error.server_message().unwrap_or_else(|| error.to_string());
                 warn!(
-                    host = %host,
-                    "storage error on the standby {host}: {message}; skipping this batch of \
+                    standby = %name,
+                    "storage error on the standby {name}: {message}; skipping this batch of \
                      {blocks} blocks and going on with the next"
                 );
                 self.metrics.prewarm_storage_errors.inc();
                 report.storage_errors += 1;
+                if let Some(r) = report.standbys.last_mut() {
+                    r.storage_errors += 1;
+                }
                 let lost = PrewarmResult {
                     skipped: blocks,
                     ..PrewarmResult::default()
                 };
-                self.account(blocks, &lost, report);
+                self.account(i, blocks, &lost, report);
                 Ok(Flow::Next)
             }
-            _ => self.call(Side::Standby, Stage::Prewarm, Err(error)),
+            _ => self.call(Who::Standby(i), Stage::Prewarm, Err(error)),
         }
     }
 
-    /// Counts what a prewarm call did with `blocks` blocks.
-    fn account(&mut self, blocks: u64, done: &PrewarmResult, report: &mut CycleReport) {
+    /// Counts what a prewarm call on standby `i` did with `blocks` blocks.
+    fn account(&mut self, i: usize, blocks: u64, done: &PrewarmResult, report: &mut CycleReport) {
         self.metrics.blocks_sent.inc_by(blocks);
         self.metrics.blocks_loaded.inc_by(done.loaded);
         self.metrics
             .blocks_already_cached
             .inc_by(done.already_cached);
         self.metrics.blocks_skipped.inc_by(done.skipped);
+        self.metrics
+            .standby_loaded(&self.standbys[i].name, done.loaded);
         report.requested += done.requested;
         report.loaded += done.loaded;
         report.already_cached += done.already_cached;
         report.skipped += done.skipped;
+        if let Some(r) = report.standbys.last_mut() {
+            r.loaded += done.loaded;
+        }
     }
 
-    /// A recovery conflict: logged (one line, with the server's DETAIL), counted, the
-    /// standby's connection dropped if the server ended the session. Not a fault: the cycle
-    /// just ends.
-    fn recovery_conflict(&mut self, error: &NodeError, report: &mut CycleReport) {
-        let host = self.side_label(Side::Standby);
+    /// A recovery conflict on standby `i`: logged (one line, with the server's DETAIL),
+    /// counted, its session dropped if the server ended it. Not a fault: that standby's
+    /// share of the cycle just ends.
+    fn recovery_conflict(&mut self, i: usize, error: &NodeError, report: &mut CycleReport) {
+        let name = self.standbys[i].name.clone();
         let message = error.server_message().unwrap_or_else(|| error.to_string());
         info!(
-            host = %host,
-            "recovery conflict on the standby {host}: {message}; ending this cycle, \
+            standby = %name,
+            "recovery conflict on the standby {name}: {message}; ending this cycle for it, \
              the blocks not loaded follow in the next one"
         );
         self.metrics.recovery_conflicts.inc();
         report.recovery_conflicts += 1;
-        if self.broken(Side::Standby, error) {
-            self.drop_node(Side::Standby);
+        if let Some(r) = report.standbys.last_mut().filter(|r| r.name == name) {
+            r.recovery_conflicts += 1;
+        }
+        if self.standby_broken(i, error) {
+            self.drop_standby(i);
         }
     }
 
@@ -480,6 +1022,33 @@ impl Syncer {
     }
 }
 
+/// The addresses a host spec resolves to (none for a Unix socket or a failed lookup).
+async fn addresses(host: &HostSpec) -> Vec<IpAddr> {
+    if let Some(addr) = host.hostaddr {
+        return vec![addr];
+    }
+    let name = host.name();
+    if name.starts_with('/') {
+        return Vec::new();
+    }
+    lookup(&name, host.port).await
+}
+
+async fn lookup(name: &str, port: u16) -> Vec<IpAddr> {
+    if let Ok(addr) = name.parse::<IpAddr>() {
+        return vec![addr];
+    }
+    match tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::lookup_host((name, port)),
+    )
+    .await
+    {
+        Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+        _ => Vec::new(),
+    }
+}
+
 fn log_cycle(report: &CycleReport) {
     let ms = report.duration.as_secs_f64() * 1000.0;
     debug!(
@@ -498,7 +1067,20 @@ fn log_cycle(report: &CycleReport) {
         ms,
         "cycle done"
     );
+    for standby in &report.standbys {
+        debug!(
+            standby = %standby.name,
+            sent = standby.sent,
+            loaded = standby.loaded,
+            coverage = standby.coverage(),
+            "standby done"
+        );
+    }
     if report.loaded > 0 {
+        let into = match report.standbys.as_slice() {
+            [one] => format!("the standby {}", one.name),
+            many => format!("{} standbys", many.len()),
+        };
         info!(
             loaded = report.loaded,
             sent = report.sent,
@@ -506,7 +1088,7 @@ fn log_cycle(report: &CycleReport) {
             skipped = report.skipped,
             hot_buffers = report.hot_buffers,
             ms = format_args!("{ms:.1}"),
-            "loaded {} blocks into the standby in {ms:.1} ms",
+            "loaded {} blocks into {into} in {ms:.1} ms",
             report.loaded
         );
     }
@@ -521,11 +1103,16 @@ fn stale_after(cfg: &Config) -> Duration {
 impl Syncer {
     /// A reloaded configuration: a side whose connection string changed reconnects.
     fn reconfigure(&mut self, cfg: Arc<Config>) {
-        if cfg.primary_conninfo != self.cfg.primary_conninfo {
-            self.drop_node(Side::Primary);
+        let source_changed = cfg.patroni_urls != self.cfg.patroni_urls
+            || cfg.member_conninfo != self.cfg.member_conninfo;
+        if source_changed || cfg.primary_conninfo != self.cfg.primary_conninfo {
+            self.drop_primary();
+            self.primary_info = None;
         }
-        if cfg.standby_conninfo != self.cfg.standby_conninfo {
-            self.drop_node(Side::Standby);
+        if source_changed || cfg.standby_conninfo != self.cfg.standby_conninfo {
+            // Rebuilt from the new topology next cycle.
+            self.standbys.clear();
+            self.metrics.set_node_up(Side::Standby, false);
         }
         self.metrics.set_stale_after(stale_after(&cfg));
         self.cfg = cfg;
@@ -586,7 +1173,12 @@ pub async fn run(
                 let delay = backoff.next_delay();
                 let retry = format_duration(Duration::from_millis(delay.as_millis() as u64));
                 match &e {
-                    CycleError::Safety(_) | CycleError::Decode(_) => {
+                    CycleError::Safety(_)
+                    | CycleError::Decode(_)
+                    | CycleError::Standbys {
+                        stage: Stage::Safety,
+                        ..
+                    } => {
                         error!("{e}; retrying in {retry}")
                     }
                     _ => warn!(
@@ -760,7 +1352,16 @@ mod tests {
         })
         .unwrap();
         let metrics = Arc::new(Metrics::new());
-        let syncer = Syncer::new(Arc::new(cfg), metrics.clone(), CancellationToken::new());
+        let mut syncer = Syncer::new(
+            Arc::new(cfg.clone()),
+            metrics.clone(),
+            CancellationToken::new(),
+        );
+        for target in topology::from_conninfo(&cfg).targets {
+            syncer
+                .standbys
+                .push(Standby::new(target, Duration::from_secs(1)));
+        }
         (syncer, metrics)
     }
 
@@ -778,7 +1379,6 @@ mod tests {
     #[test]
     fn a_prewarm_reporting_no_recovery_is_a_role_change() {
         let (mut syncer, metrics) = syncer();
-        syncer.last_standby_host = Some("s:5432".into());
         let mut report = CycleReport::default();
         let done = PrewarmResult {
             requested: 10,
@@ -786,12 +1386,12 @@ mod tests {
             ..Default::default()
         };
         let err = syncer
-            .prewarm_outcome(10, Ok((false, done)), &mut report)
+            .prewarm_outcome(0, 10, Ok((false, done)), &mut report)
             .unwrap_err();
         match &err {
             CycleError::RoleChanged { side, message } => {
                 assert_eq!(*side, Side::Standby);
-                assert!(message.contains("s:5432 was promoted"), "{message}");
+                assert!(message.contains("127.0.0.2:1 was promoted"), "{message}");
             }
             other => panic!("expected RoleChanged, got {other:?}"),
         }
@@ -799,13 +1399,17 @@ mod tests {
         // Nothing from a promoted node is counted as loaded.
         assert_eq!(report.loaded, 0);
         assert_eq!(metric(&metrics, "ccm_agent_blocks_loaded_total"), 0.0);
-        assert!(syncer.standby.is_none());
+        assert!(syncer.standbys[0].node.is_none());
     }
 
     #[test]
     fn a_prewarm_in_recovery_is_counted() {
         let (mut syncer, metrics) = syncer();
         let mut report = CycleReport::default();
+        report.standbys.push(StandbyReport {
+            name: "127.0.0.2:1".into(),
+            ..Default::default()
+        });
         let done = PrewarmResult {
             requested: 10,
             loaded: 6,
@@ -813,7 +1417,7 @@ mod tests {
             skipped: 1,
         };
         let flow = syncer
-            .prewarm_outcome(10, Ok((true, done)), &mut report)
+            .prewarm_outcome(0, 10, Ok((true, done)), &mut report)
             .unwrap();
         assert_eq!(flow, Flow::Next);
         assert_eq!(
@@ -825,8 +1429,16 @@ mod tests {
             ),
             (10, 6, 3, 1)
         );
+        assert_eq!(report.standbys[0].loaded, 6);
         assert_eq!(metric(&metrics, "ccm_agent_blocks_sent_total"), 10.0);
         assert_eq!(metric(&metrics, "ccm_agent_blocks_skipped_total"), 1.0);
+        assert_eq!(
+            metric(
+                &metrics,
+                "ccm_agent_standby_blocks_loaded_total{node=\"127.0.0.2:1\"}"
+            ),
+            6.0
+        );
     }
 
     #[test]
@@ -834,11 +1446,12 @@ mod tests {
         let (mut syncer, _) = syncer();
         let mut report = CycleReport::default();
         assert!(matches!(
-            syncer.prewarm_outcome(1, Err(NodeError::Cancelled), &mut report),
+            syncer.prewarm_outcome(0, 1, Err(NodeError::Cancelled), &mut report),
             Err(CycleError::Cancelled)
         ));
         assert!(matches!(
             syncer.prewarm_outcome(
+                0,
                 1,
                 Err(NodeError::Disabled { host: "h".into() }),
                 &mut report
@@ -848,6 +1461,21 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn coverage_is_the_least_covered_standby() {
+        let mut r = report(1000, 30, 30);
+        assert_eq!(r.coverage(), 0.97);
+        for (name, sent) in [("a", 0), ("b", 100), ("c", 10)] {
+            r.standbys.push(StandbyReport {
+                name: name.into(),
+                hot_buffers: 1000,
+                sent,
+                ..Default::default()
+            });
+        }
+        assert_eq!(r.coverage(), 0.9);
     }
 
     #[test]

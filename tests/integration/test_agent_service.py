@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.agent import AGENT_BIN, ROOT, AgentProcess
+from harness.agent import AGENT_BIN, ROOT, AgentProcess, run_agent
 from harness.cluster import Cluster
 
 from test_warmup import wait_for_coverage, warm_primary
@@ -71,7 +71,8 @@ def test_readyz_follows_the_nodes_and_build_info_is_served(cluster, log_dir):
     with AgentProcess(cluster.primary.conninfo(), cluster.standby.conninfo(), log_dir, interval="200ms",
                       extra=["--connect-timeout", "1s"]) as agent:
         agent.wait_for(lambda: agent.readiness()[0] == 200, "/readyz to say ready")
-        assert agent.metric('ccm_agent_build_info{version="0.3.0"}') == 1
+        version = run_agent("--version").stdout.split()[-1]
+        assert agent.metric(f'ccm_agent_build_info{{version="{version}"}}') == 1
         cluster.primary.stop()
         agent.wait_for(lambda: agent.readiness()[0] == 503, "/readyz to notice the primary is gone")
         status, body = agent.readiness()
