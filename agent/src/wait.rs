@@ -21,15 +21,27 @@ pub enum Verdict {
     NotYet(String),
 }
 
-/// Judges a status report against the target share (0..1).
-pub fn judge(report: &StatusReport, min_coverage: f64, member: Option<&str>) -> Verdict {
+/// Judges a status report against the target share (0..1). Without `member`, every standby
+/// in recovery counts; with `unreachable_count` (Patroni, where every target is a failover
+/// candidate) so does one that cannot be reached, while a host of a connection string that
+/// is down may be an old primary waiting to rejoin and is passed over.
+pub fn judge(
+    report: &StatusReport,
+    min_coverage: f64,
+    member: Option<&str>,
+    unreachable_count: bool,
+) -> Verdict {
     let pct = |c: f64| format!("{:.1}%", c * 100.0);
     let hot = report.hot_buffers.unwrap_or(0);
     let candidates: Vec<_> = report
         .standbys
         .iter()
         .filter(|s| member.is_none_or(|m| s.name == m))
-        .filter(|s| s.node.role == Some("standby") || member.is_some())
+        .filter(|s| {
+            member.is_some()
+                || s.node.role == Some("standby")
+                || (unreachable_count && s.node.error.is_some())
+        })
         .collect();
     if candidates.is_empty() {
         return Verdict::NotYet(match member {
@@ -84,9 +96,10 @@ pub async fn wait(
 ) -> Result<String, String> {
     let started = Instant::now();
     let mut last = String::new();
+    let unreachable_count = cfg.patroni.is_some();
     loop {
         let report = status::gather(cfg.clone(), cancel.clone()).await;
-        match judge(&report, min_coverage, member) {
+        match judge(&report, min_coverage, member, unreachable_count) {
             Verdict::Warm(message) => return Ok(message),
             Verdict::NotYet(reason) => {
                 if reason != last {
@@ -143,28 +156,39 @@ mod tests {
             standby("n1", "primary", None),
         ]);
         assert_eq!(
-            judge(&r, 0.99, None),
+            judge(&r, 0.99, None, false),
             Verdict::NotYet("n3 holds 90.0% of the hot set (needs 99.0%)".into())
         );
-        assert!(matches!(judge(&r, 0.99, Some("n2")), Verdict::Warm(m) if m.contains("n2 99.5%")));
-        assert!(matches!(judge(&r, 0.8, None), Verdict::Warm(_)));
+        assert!(
+            matches!(judge(&r, 0.99, Some("n2"), false), Verdict::Warm(m) if m.contains("n2 99.5%"))
+        );
+        assert!(matches!(judge(&r, 0.8, None, false), Verdict::Warm(_)));
     }
 
     #[test]
     fn unknown_members_and_errors_are_not_warm() {
         let r = report(vec![standby("n2", "standby", Some(1.0))]);
         assert_eq!(
-            judge(&r, 0.99, Some("n9")),
+            judge(&r, 0.99, Some("n9"), false),
             Verdict::NotYet("n9 is not a failover candidate of this cluster".into())
         );
         let mut down = standby("n2", "standby", None);
+        down.node.role = None;
         down.node.error = Some("connection refused".into());
+        // A Patroni candidate that is down is not warm; a down host of a connection string
+        // (an old primary waiting to rejoin) is passed over when another standby is warm.
+        let both = report(vec![standby("n3", "standby", Some(1.0)), down.clone()]);
         assert_eq!(
-            judge(&report(vec![down]), 0.99, None),
+            judge(&both, 0.99, None, true),
             Verdict::NotYet("n2: connection refused (needs 99.0%)".into())
         );
+        assert!(matches!(judge(&both, 0.99, None, false), Verdict::Warm(_)));
         assert!(matches!(
-            judge(&report(vec![]), 0.5, None),
+            judge(&report(vec![down]), 0.99, None, false),
+            Verdict::NotYet(_)
+        ));
+        assert!(matches!(
+            judge(&report(vec![]), 0.5, None, false),
             Verdict::NotYet(_)
         ));
     }
