@@ -1067,29 +1067,40 @@ fn log_cycle(report: &CycleReport) {
         ms,
         "cycle done"
     );
+    // One line per standby that loaded something, with its share of the hot set as the
+    // scan found it (the blocks just loaded raise it by the next scan).
     for standby in &report.standbys {
-        debug!(
+        if standby.loaded == 0 {
+            debug!(
+                standby = %standby.name,
+                sent = standby.sent,
+                coverage = standby.coverage(),
+                "standby done"
+            );
+            continue;
+        }
+        info!(
             standby = %standby.name,
-            sent = standby.sent,
             loaded = standby.loaded,
-            coverage = standby.coverage(),
-            "standby done"
+            sent = standby.sent,
+            hot_buffers = standby.hot_buffers,
+            coverage = format_args!("{:.4}", standby.coverage()),
+            "loaded {} blocks into the standby {} (it held {:.1}% of the hot set of {} buffers)",
+            standby.loaded,
+            standby.name,
+            standby.coverage() * 100.0,
+            standby.hot_buffers
         );
     }
-    if report.loaded > 0 {
-        let into = match report.standbys.as_slice() {
-            [one] => format!("the standby {}", one.name),
-            many => format!("{} standbys", many.len()),
-        };
+    if report.loaded > 0 && report.standbys.len() > 1 {
         info!(
             loaded = report.loaded,
-            sent = report.sent,
             already_cached = report.already_cached,
             skipped = report.skipped,
-            hot_buffers = report.hot_buffers,
             ms = format_args!("{ms:.1}"),
-            "loaded {} blocks into {into} in {ms:.1} ms",
-            report.loaded
+            "cycle loaded {} blocks into {} standbys in {ms:.1} ms",
+            report.loaded,
+            report.standbys.len()
         );
     }
 }
