@@ -2,7 +2,7 @@
 """pg_ccm benchmarks: figures, side by side in one run, on real PostgreSQL servers.
 
     python3 bench/ccm_bench.py [--pg N | N,M,... | all] [--shared-buffers 4GB]
-                               [--only scan,filter,list,prewarm,overhead] [--io-methods worker,io_uring]
+                               [--only scan,filter,list,prewarm,overhead,standbys] [--io-methods worker,io_uring]
 
     make bench                                  # every section, newest PostgreSQL with pg_ccm
     make bench PG=15                            # = ARGS='--pg 15': installs pg_ccm into 15 first
@@ -25,6 +25,9 @@ Sections:
             is restarted with it), "-" before 18 (no asynchronous I/O). Rows are labelled with
             the version and io_method, and with several of them a summary table compares them
   overhead  primary TPS under pgbench with and without a running ccm-agent
+  standbys  the primary's cost of serving 1, 2 and 3 standbys in a cycle: one
+            ccm_hot_blocks_each() scan against one ccm_hot_blocks() scan per standby, with
+            shared_buffers full and filters of three partly warm standbys
 
 "Cold" means: server restarted (empty shared_buffers; a standby after a restartpoint) and the
 relation's files evicted from the OS page cache (sync + POSIX_FADV_DONTNEED via vmtouch -e).
@@ -291,6 +294,58 @@ def bench_overhead(cluster: Cluster, rounds: int, seconds: int, clients: int, lo
     say()
 
 
+STANDBY_STATES = (30, 60, 90)  # percent of the relation each simulated standby caches
+
+
+def bench_standbys(node: Node, nbuffers: int) -> None:
+    """One scan for k standbys against k scans, on a primary whose shared_buffers are full.
+
+    The standbys' filters are the primary's own ccm_buffer_filter() at three moments of
+    filling the relation (30, 60 and 90% of it cached), so they are real filters of the
+    hot set's blocks, the standbys lacking 70, 40 and 10% of it. Every valid buffer counts
+    as hot (usage threshold 0), so the lists are as long as they can be; max_blocks is
+    shared_buffers (standbys as big as the primary) or half of it (standbys half as big:
+    the path that ranks the hot set).
+    """
+    say("## One scan for several standbys (ccm_hot_blocks_each) against one scan per standby (ccm_hot_blocks)")
+    fill = nbuffers * 8 // 1024 * 9 // 10
+    say(f"filling 90% of shared_buffers ({fill} MB of {nbuffers} buffers); standby filters taken at "
+        f"{', '.join(f'{p}%' for p in STANDBY_STATES)} of it cached ...")
+    blocks = fill_table(node, "standbys_fill", fill)
+    node.sql("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+    filters, done = [], 0
+    for percent in STANDBY_STATES:
+        upto = blocks * percent // 100
+        node.sql("SELECT pg_prewarm('standbys_fill', 'buffer', 'main', %s, %s)", [done, upto - 1])
+        done = upto
+        filters.append(node.one("SELECT ccm_buffer_filter(0.01)"))
+    node.sql("SELECT pg_prewarm('standbys_fill', 'buffer')")
+    valid = node.one("SELECT count(*) FROM pg_buffercache WHERE relfilenode IS NOT NULL")
+    say(f"valid buffers: {valid} of {nbuffers}; filter bytes: {', '.join(str(len(f)) for f in filters)}")
+    repeat = 7
+    say("| standbys | max_blocks per standby | blocks listed | one scan, ms | one scan per standby, ms | ratio |")
+    say("|---:|---:|---:|---:|---:|---:|")
+    with node.connect() as conn:
+        for cap in (nbuffers, nbuffers // 2):
+            for k in range(1, len(filters) + 1):
+                mine = filters[:k]
+                each, separate = [], []
+                for _ in range(repeat):
+                    started = time.perf_counter()
+                    lists = conn.execute("SELECT ccm_hot_blocks_each(%s::bytea[], %s::int8[], 0)",
+                                         [mine, [cap] * k]).fetchone()[0]
+                    each.append(time.perf_counter() - started)
+                    started = time.perf_counter()
+                    singles = [conn.execute("SELECT ccm_hot_blocks(%s, %s, 0)", [f, cap]).fetchone()[0] for f in mine]
+                    separate.append(time.perf_counter() - started)
+                listed = [conn.execute("SELECT blocks FROM ccm_block_list_info(%s)", [b]).fetchone()[0] for b in lists]
+                alone = [conn.execute("SELECT blocks FROM ccm_block_list_info(%s)", [b]).fetchone()[0] for b in singles]
+                assert listed == alone, f"one scan listed {listed}, one scan per standby {alone}"
+                one, many = statistics.median(each), statistics.median(separate)
+                say(f"| {k} | {cap} | {' + '.join(map(str, listed))} | {one * 1000:.1f} | {many * 1000:.1f} | {many / one:.2f}x |")
+    say()
+
+
 def run_sections(only: set[str], args: argparse.Namespace) -> list[dict]:
     """Every chosen section on the PostgreSQL in use; returns the prewarm rows."""
     settings = {"shared_buffers": f"'{args.shared_buffers}'", "fsync": "on", "max_wal_size": "'8GB'", **args.set}
@@ -307,6 +362,12 @@ def run_sections(only: set[str], args: argparse.Namespace) -> list[dict]:
                 bench_filter(node)
             if "list" in only:
                 bench_list(node)
+    if "standbys" in only:
+        with Cluster(settings=settings) as cluster:
+            node = cluster.primary
+            cluster.standby.stop()  # the filters are the primary's own: no standby needed
+            nbuffers = node.one("SELECT setting::int8 FROM pg_settings WHERE name = 'shared_buffers'")
+            bench_standbys(node, nbuffers)
     if "prewarm" in only:
         # ccm_prewarm runs only on a standby: the relation is loaded on the primary and read,
         # cold, on its streaming standby; pg_prewarm is measured there too.
@@ -327,7 +388,7 @@ def main() -> None:
     parser.add_argument("--prewarm-mb", type=int, default=1024, help="size of the cold relation")
     parser.add_argument("--io-methods", default="worker,io_uring",
                         help="PostgreSQL 18's io_method values the prewarm section runs with, in turn (default worker,io_uring)")
-    parser.add_argument("--only", default="scan,filter,list,prewarm,overhead")
+    parser.add_argument("--only", default="scan,filter,list,prewarm,overhead,standbys")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--clients", type=int, default=4)

@@ -297,6 +297,7 @@ pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport
         }
     };
     let mut nodes = Vec::new();
+    let mut standby_problems = Vec::new();
     for (name, info, node) in standbys {
         let mut entry = StandbyStatus {
             name: name.clone(),
@@ -309,7 +310,7 @@ pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport
             }
             Err(e) => {
                 entry.node = NodeReport::from_error(&info, &e);
-                report.problems.push(format!("standby {name}: {e}"));
+                standby_problems.push(format!("standby {name}: {e}"));
             }
         }
         report.standbys.push(entry);
@@ -340,11 +341,22 @@ pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport
     {
         report.problems.push(e.to_string());
     }
+    // Problems so far concern the primary or the whole topology: without a sound primary
+    // no number means anything. A standby that is down or of another system is a problem
+    // of its own, and the others are still measured (a rolling restart waits on them).
+    let blocked = !report.problems.is_empty();
     if let Some(p) = &primary {
-        for (_, s) in &nodes {
-            if let Err(message) = node::check_same_system(p, s) {
-                report.problems.push(message);
+        let mut others = Vec::new();
+        nodes.retain(|(i, s)| match node::check_same_system(p, s) {
+            Ok(()) => true,
+            Err(message) => {
+                others.push((*i, message));
+                false
             }
+        });
+        for (i, message) in others {
+            report.standbys[i].node.error = Some(message.clone());
+            report.problems.push(message);
         }
     }
     report.standby = match nodes.first() {
@@ -355,13 +367,12 @@ pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport
             .map(|s| s.node.clone())
             .unwrap_or_default(),
     };
-
-    // The numbers only mean something for a sound pairing.
-    if report.problems.is_empty() {
+    if !blocked {
         if let Some(p) = primary.as_mut() {
             collect_numbers(&mut report, p, &mut nodes).await;
         }
     }
+    report.problems.extend(standby_problems);
     report.ok = report.problems.is_empty();
     report
 }

@@ -54,6 +54,8 @@ pub struct StandbyReport {
     pub name: String,
     /// Hot buffers the primary's scan found (the same for every standby of a cycle).
     pub hot_buffers: u64,
+    /// Its shared_buffers: the cap of its list, which holds its part of the hot set.
+    pub room: u64,
     /// Blocks in its list, i.e. hot blocks (of its hottest part) its filter lacked.
     pub sent: u64,
     pub loaded: u64,
@@ -62,8 +64,17 @@ pub struct StandbyReport {
 }
 
 impl StandbyReport {
+    /// Hot blocks it lacks: those of its list, and those beyond its room (a standby smaller
+    /// than the hot set is sent only the hottest part, the rest counts as missing).
+    pub fn missing(&self) -> u64 {
+        self.hot_buffers
+            .saturating_sub(self.room.min(self.hot_buffers))
+            + self.sent
+    }
+
+    /// Its share of the hot set at scan time, as `status` and `wait` measure it.
     pub fn coverage(&self) -> f64 {
-        coverage(self.hot_buffers, self.sent)
+        coverage(self.hot_buffers, self.missing())
     }
 }
 
@@ -174,6 +185,9 @@ struct Standby {
     retry_at: Option<Instant>,
     /// The problem last logged for it: each is logged once, when it starts.
     problem: Option<String>,
+    /// Connected and found to follow the primary (check_source): only such a standby is
+    /// accepted as another standby's WAL sender (a cascade).
+    verified: bool,
 }
 
 impl Standby {
@@ -185,6 +199,7 @@ impl Standby {
             backoff: Backoff::new(max_backoff),
             retry_at: None,
             problem: None,
+            verified: false,
         }
     }
 
@@ -293,6 +308,7 @@ impl Syncer {
     }
 
     fn drop_standby(&mut self, i: usize) {
+        self.standbys[i].verified = false;
         if self.standbys[i].node.take().is_some() {
             self.metrics.set_standby_up(&self.standbys[i].name, false);
         }
@@ -562,6 +578,7 @@ impl Syncer {
     /// from the primary (or from another standby being warmed, a cascade). Skipped with an
     /// extension older than 0.4.
     async fn check_source(&mut self, i: usize) -> Result<(), CycleError> {
+        self.standbys[i].verified = false;
         let Some(primary_timeline) = self.primary_source.as_ref().and_then(|s| s.timeline) else {
             return Ok(());
         };
@@ -592,10 +609,15 @@ impl Syncer {
                 )));
             }
         }
+        // A WAL receiver that is not streaming (reconnecting, or no primary_conninfo) names
+        // no sender: the timeline and the system identifier are all there is to check.
+        self.standbys[i].verified = true;
         Ok(())
     }
 
-    /// Whether a WAL sender's host and port name the primary or one of the standbys.
+    /// Whether a WAL sender's host and port name the primary, or a standby found to follow
+    /// it (connected, in recovery, checked): a host of the standby string that is not such a
+    /// standby (a promoted one) is not.
     async fn is_cluster_member(&self, sender: &str, port: u16) -> bool {
         let same_name = |host: &HostSpec| host.port == port && host.name() == sender;
         let primary_host = self.primary.as_ref().map(|p| p.host.clone());
@@ -605,6 +627,7 @@ impl Syncer {
         if self
             .standbys
             .iter()
+            .filter(|s| s.verified && s.node.is_some())
             .filter_map(Standby::host)
             .any(|h| same_name(&h))
         {
@@ -875,14 +898,16 @@ impl Syncer {
         let sent = list.len() as u64;
         report.sent += sent;
         let name = self.standbys[i].name.clone();
-        self.metrics
-            .standby_scan(&name, list.header.hot_buffers_found, sent);
-        report.standbys.push(StandbyReport {
+        let standby = StandbyReport {
             name,
             hot_buffers: list.header.hot_buffers_found,
+            room: u64::try_from(limit).unwrap_or(1),
             sent,
             ..Default::default()
-        });
+        };
+        self.metrics
+            .standby_scan(&standby.name, standby.hot_buffers, standby.missing());
+        report.standbys.push(standby);
         if let Some(pb) = progress {
             pb.inc_length(sent);
         }
@@ -1482,11 +1507,28 @@ mod tests {
             r.standbys.push(StandbyReport {
                 name: name.into(),
                 hot_buffers: 1000,
+                room: 4096,
                 sent,
                 ..Default::default()
             });
         }
         assert_eq!(r.coverage(), 0.9);
+    }
+
+    #[test]
+    fn a_standby_smaller_than_the_hot_set_covers_its_room_at_most() {
+        // 800 buffers for a hot set of 1000: its list holds what it lacks of the hottest 800,
+        // and the 200 it has no room for count as missing, as status and wait count them.
+        let small = |sent| StandbyReport {
+            name: "small".into(),
+            hot_buffers: 1000,
+            room: 800,
+            sent,
+            ..Default::default()
+        };
+        assert_eq!(small(0).missing(), 200);
+        assert_eq!(small(0).coverage(), 0.8);
+        assert_eq!(small(80).coverage(), 0.72);
     }
 
     #[test]

@@ -370,8 +370,17 @@ def coverage(primary: Node, standby: Node, threshold: int = 3) -> tuple[float, i
     return len(hot & cached) / len(hot), len(hot)
 
 
+def multi_host_conninfo(nodes: Sequence[Node], **extra: Any) -> str:
+    """Several nodes in one libpq multi-host string, in the order given (user postgres,
+    dbname postgres, then `extra`, e.g. target_session_attrs)."""
+    parts = {"host": ",".join("127.0.0.1" for _ in nodes), "port": ",".join(str(n.port) for n in nodes),
+             "user": "postgres", "dbname": "postgres", **extra}
+    return " ".join(f"{key}={value}" for key, value in parts.items())
+
+
 class Cluster:
-    """A primary and a streaming standby (tier-0) built from it with pg_basebackup."""
+    """A primary and a streaming standby (tier-0) built from it with pg_basebackup; more
+    standbys with `add_standby`."""
 
     def __init__(
         self,
@@ -389,6 +398,8 @@ class Cluster:
         self.keep = keep
         self.primary = Node("primary", free_port(), self.base)
         self.standby = Node("standby", free_port(), self.base)
+        # Standbys beyond the first (add_standby), stopped by destroy() like the others.
+        self.extra_standbys: list[Node] = []
 
     def __enter__(self) -> "Cluster":
         try:
@@ -430,51 +441,65 @@ class Cluster:
         (node.datadir / "postmaster.pid").unlink(missing_ok=True)
         node.write_settings({**self.settings, "port": node.port})
 
-    def clone_standby(self, node: Node, source: Node, tablespaces: dict[Path, Path] | None = None) -> None:
+    def clone_standby(self, node: Node, source: Node, tablespaces: dict[Path, Path] | None = None,
+                      settings: dict[str, Any] | None = None) -> None:
         """pg_basebackup of `source`; `tablespaces` maps the source's tablespace directories
-        to the clone's (both nodes share one host, so they cannot share the paths)."""
+        to the clone's (both nodes share one host, so they cannot share the paths).
+        `settings` replace the cluster's standby_settings for this node."""
         mapping = []
         for old, new in (tablespaces or {}).items():
             Path(new).mkdir(parents=True, exist_ok=True)
             _chown_to_postgres(Path(new))
             mapping.append(f"--tablespace-mapping={old}={new}")
         run_pg([str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(source.port), "-U", "postgres", "-D", str(node.datadir), "-R", "-X", "stream", "-c", "fast", "--no-sync", *mapping])
-        node.write_settings({**self.standby_settings, "port": node.port})
+        node.write_settings({**(self.standby_settings if settings is None else settings), "port": node.port})
 
-    def wait_caught_up(self, timeout: float = 120) -> None:
-        """Waits until the standby has replayed everything the primary has written so far.
+    def add_standby(self, name: str, settings: dict[str, Any] | None = None) -> Node:
+        """One more streaming standby of the primary, cloned, started and caught up.
+        `settings` (default: the cluster's standby_settings) are this node's own."""
+        node = Node(name, free_port(), self.base)
+        self.extra_standbys.append(node)
+        self.clone_standby(node, self.primary, settings=settings)
+        node.start()
+        self.wait_caught_up(standby=node)
+        return node
+
+    def wait_caught_up(self, timeout: float = 120, standby: Node | None = None) -> None:
+        """Waits until the standby (or `standby`) has replayed everything the primary has
+        written so far.
 
         The insert position, not pg_current_wal_lsn() (the write position): with
         synchronous_commit off a commit record may still sit in WAL buffers beyond the
         latter, and the standby would be "caught up" without the last commits."""
+        standby = standby or self.standby
         target = self.primary.one("SELECT pg_current_wal_insert_lsn()::text")
-        self.standby.wait_until(
-            lambda: self.standby.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [target]),
+        standby.wait_until(
+            lambda: standby.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [target]),
             f"replay of {target}",
             timeout=timeout,
         )
 
-    def make_standby_cold(self) -> None:
-        """Restarts the standby with an empty cache.
+    def make_standby_cold(self, standby: Node | None = None) -> None:
+        """Restarts the standby (or `standby`) with an empty cache.
 
         A restarted standby replays from its last restartpoint and caches what it replays,
         so first make that restartpoint current: CHECKPOINT on the primary, wait for the
         standby to replay it, CHECKPOINT on the standby (a restartpoint), then restart.
         """
+        standby = standby or self.standby
         self.primary.sql("CHECKPOINT")
-        self.wait_caught_up()
-        self.standby.sql("CHECKPOINT")
-        self.standby.stop()
-        self.standby.drop_os_cache()
-        self.standby.start()
-        self.wait_caught_up()
+        self.wait_caught_up(standby=standby)
+        standby.sql("CHECKPOINT")
+        standby.stop()
+        standby.drop_os_cache()
+        standby.start()
+        self.wait_caught_up(standby=standby)
 
     def both_nodes_conninfo(self, target_session_attrs: str) -> str:
         """Both nodes in one libpq multi-host string, as Patroni users write them: whoever
         connects picks a side by role, so it follows a failover and finds a rejoined node."""
-        a, b = self.primary, self.standby
-        return (f"host=127.0.0.1,127.0.0.1 port={a.port},{b.port} user=postgres dbname=postgres "
-                f"connect_timeout=2 target_session_attrs={target_session_attrs}")
+        return multi_host_conninfo([self.primary, self.standby], connect_timeout=2,
+                                   target_session_attrs=target_session_attrs)
 
     def reserve_wal_for_rejoin(self, new_primary: Node, slot: str = "rejoin") -> str:
         """Creates a physical slot on the new primary right after promotion, as Patroni keeps
@@ -505,8 +530,19 @@ class Cluster:
                 conf.write(f"primary_slot_name = '{slot}'\n")
         old_primary.start()
 
+    def follow(self, standby: Node, new_primary: Node) -> None:
+        """Points a standby's WAL receiver at `new_primary` (primary_conninfo; a running
+        standby reloads it, PostgreSQL 13 and later), as Patroni does with the other
+        replicas after a failover. The standby must not have received WAL past the point
+        where `new_primary` left the old timeline (no rewind here); recovery_target_timeline
+        'latest', the default, makes it follow the new timeline."""
+        with open(standby.datadir / "postgresql.auto.conf", "a") as conf:
+            conf.write(f"primary_conninfo = 'host=127.0.0.1 port={new_primary.port} user=postgres'\n")
+        if standby.is_running():
+            standby.sql("SELECT pg_reload_conf()")
+
     def destroy(self) -> None:
-        for node in (self.standby, self.primary):
+        for node in (*self.extra_standbys, self.standby, self.primary):
             try:
                 node.stop("immediate")
             except Exception:
