@@ -325,7 +325,19 @@ impl Syncer {
             _ = self.cancel.cancelled() => return Err(CycleError::Cancelled),
             t = topology::discover(&self.cfg, self.cfg.connect_timeout, &self.cancel) => t,
         };
-        let topology = discovered.map_err(|e| CycleError::Topology(e.to_string()))?;
+        let topology = match discovered {
+            Ok(topology) => topology,
+            Err(e) => {
+                // Without Patroni's word on who leads, nothing is warmed: the sessions are
+                // closed (and shown down) rather than kept on a topology that may be gone,
+                // e.g. while the agent itself is cut off from the cluster.
+                self.drop_primary();
+                for i in 0..self.standbys.len() {
+                    self.drop_standby(i);
+                }
+                return Err(CycleError::Topology(e.to_string()));
+            }
+        };
         if topology.leader != self.leader {
             if let (Some(old), Some(new)) = (&self.leader, &topology.leader) {
                 warn!("Patroni's leader moved from {old} to {new}; following it");
