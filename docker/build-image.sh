@@ -14,14 +14,18 @@
 #
 #   docker/build-image.sh [--base-only]
 #
-# PG_CCM_IMAGE and PG_CCM_BASE_IMAGE name the images; DEBIAN_MIRROR is debootstrap's mirror
-# (default: the mirror this machine's apt sources use for bookworm).
+# PG_CCM_IMAGE and PG_CCM_BASE_IMAGE name the images; PG_CCM_BASE_PACKAGES adds Debian packages
+# to the root filesystem (its own cached tar: docker/build-patroni-image.sh adds etcd and
+# python3-venv this way); DEBIAN_MIRROR is debootstrap's mirror (default: the mirror this
+# machine's apt sources use for bookworm).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 IMAGE=${PG_CCM_IMAGE:-pg_ccm:local}
 BASE_IMAGE=${PG_CCM_BASE_IMAGE:-pg_ccm-base:local}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/pg_ccm
-BASE_TAR=$CACHE/rootfs-bookworm-postgresql15.tar
+# Sorted and deduplicated, so that one set of packages is one cached tar.
+EXTRA_PACKAGES=$(printf '%s\n' ${PG_CCM_BASE_PACKAGES:-} | LC_ALL=C sort -u | paste -sd ' ')
+BASE_TAR=$CACHE/rootfs-bookworm-postgresql15${EXTRA_PACKAGES:++${EXTRA_PACKAGES// /+}}.tar
 BASE_ONLY=0
 case "${1:-}" in
     --base-only) BASE_ONLY=1 ;;
@@ -29,10 +33,7 @@ case "${1:-}" in
     *) echo "usage: $0 [--base-only]" >&2; exit 2 ;;
 esac
 
-label() {  # label IMAGE KEY: the value of a label of a local image, empty without one
-    docker image inspect -f "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true
-}
-
+. "$ROOT/scripts/lib/docker-image.sh"
 . "$ROOT/scripts/lib/debian-mirror.sh"
 
 # --- pg_ccm-base:local -------------------------------------------------------------------------
@@ -42,8 +43,9 @@ if [ ! -s "$BASE_TAR" ]; then
         { echo "no bookworm source in /etc/apt: set DEBIAN_MIRROR to a Debian mirror" >&2; exit 1; }
     mkdir -p "$CACHE"
     rootfs=$(mktemp -d)
-    echo "==> debootstrap bookworm with postgresql-15 (once; cached in $BASE_TAR)"
-    debootstrap --variant=minbase --include=postgresql-15 bookworm "$rootfs" "$mirror" >/dev/null
+    packages=postgresql-15${EXTRA_PACKAGES:+,${EXTRA_PACKAGES// /,}}
+    echo "==> debootstrap bookworm with $packages (once; cached in $BASE_TAR)"
+    debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" "$mirror" >/dev/null
     # The package's own cluster is not used: the entry point (or the test) makes its own.
     rm -rf "$rootfs"/var/lib/postgresql/15 "$rootfs"/etc/postgresql/15 "$rootfs"/var/cache/apt/archives/*.deb
     tar -C "$rootfs" -cf "$BASE_TAR.tmp" .
@@ -70,17 +72,4 @@ fi
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 "$ROOT/docker/stage-artifacts.sh" "$stage" >/dev/null
-digest=$( (echo "$base_id"; cd "$stage" && find . -type f -printf '%m %p\n' | LC_ALL=C sort &&
-          find . -type f -print0 | LC_ALL=C sort -z | xargs -0 cat; cat "$ROOT/docker/Dockerfile") |
-         sha256sum | cut -c1-16)
-if [ "$(label "$IMAGE" pg_ccm.artifacts)" = "$digest" ]; then
-    echo "$IMAGE is up to date ($digest)"
-    exit 0
-fi
-echo "==> docker build $IMAGE (docker/Dockerfile on $BASE_IMAGE)"
-if ! log=$(docker build --build-arg "BASE=$BASE_IMAGE" --label "pg_ccm.artifacts=$digest" \
-        -f "$ROOT/docker/Dockerfile" -t "$IMAGE" "$stage" 2>&1); then
-    echo "$log" >&2
-    exit 1
-fi
-echo "$IMAGE built ($digest)"
+build_on_change "$IMAGE" pg_ccm.artifacts "$BASE_IMAGE" "$base_id" "$ROOT/docker/Dockerfile" "$stage"

@@ -6,6 +6,8 @@
 #              "off": only that the process runs)
 #   postgres   pg_isready over TCP on 127.0.0.1 (not the socket: the primary's first start
 #              runs a temporary server without TCP)
+#   patroni    (pg_ccm-patroni image) without a running PostgreSQL yet: unhealthy
+#   etcd       (pg_ccm-patroni image) `etcdctl endpoint health` on 127.0.0.1:2379
 #   the entry point still initializing (pg_basebackup, initdb): unhealthy
 #   else       healthy (nothing to check, e.g. a client container sleeping)
 # The image has no curl, python or wget: the HTTP request goes through bash's /dev/tcp.
@@ -57,6 +59,11 @@ if running ccm-agent; then
     healthz "$addr" || exit 1
 elif running postgres; then
     exec pg_isready -q -h 127.0.0.1 -p "${PGPORT:-5432}" -U postgres
+elif running patroni; then
+    echo "patroni: PostgreSQL is not running (yet)"
+    exit 1
+elif running etcd; then
+    exec etcdctl --endpoints=127.0.0.1:2379 --command-timeout=3s endpoint health
 elif initializing; then
     echo "initializing"
     exit 1

@@ -7,7 +7,6 @@ docker/build-image.sh (skipped when it is up to date).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 import uuid
@@ -15,21 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.docker import compose_command, docker_engine_runs
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def docker_engine_runs() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
-
-
-def compose_command() -> list[str]:
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    pytest.skip("no docker compose command (neither the plugin nor docker-compose) is installed")
 
 
 # The images hold Debian 12's PostgreSQL 15: scripts/test.sh runs these with 15 only.

@@ -15,12 +15,13 @@ half a minute) and the release builds if target/ has none.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
+
+from harness.docker import docker_engine_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 DEB_DIR = ROOT / "target" / "debian"
@@ -31,12 +32,6 @@ PKGLIBDIR = f"/usr/lib/postgresql/{PG_MAJOR}/lib"
 EXTDIR = f"/usr/share/postgresql/{PG_MAJOR}/extension"
 SQL_SCRIPTS = sorted(path.name for path in (ROOT / "sql").glob("pg_ccm--*.sql"))
 UNIT = ROOT / "packaging" / "ccm-agent.service"
-
-
-def docker_engine_runs() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
 
 
 # The images hold Debian 12's PostgreSQL 15: scripts/test.sh runs these with 15 only.
