@@ -27,6 +27,11 @@ const PROGRESS_INTERVAL: usize = 16384;
 /// Most standbys one scan serves: each candidate keeps one bit per filter.
 const MAX_STANDBYS: usize = 64;
 
+/// The most the lists of one call may hold together: PostgreSQL's limit of one allocation
+/// (MaxAllocSize), which the bytea[] result could not exceed anyway. Checked as each list is
+/// made, so that 64 standbys cannot make one call hold 64 full lists.
+const MAX_RESULT_BYTES: usize = 0x3fff_ffff;
+
 /// A hot buffer found by a scan, and which standbys' filters say they have it (bit i:
 /// filter i).
 #[derive(Clone, Copy)]
@@ -63,7 +68,14 @@ impl HotSet {
             }
             hottest = &self.candidates[..limit];
         }
-        hottest.iter().filter(|c| c.on_standby & bit == 0).map(|c| c.block).collect()
+        let lacking = || hottest.iter().filter(|c| c.on_standby & bit == 0).map(|c| c.block);
+        let mut blocks = Vec::new();
+        let count = lacking().count();
+        if blocks.try_reserve_exact(count).is_err() {
+            errors::out_of_memory("a hot block list", (count * std::mem::size_of::<HotBlock>()) as u64);
+        }
+        blocks.extend(lacking());
+        blocks
     }
 }
 
@@ -122,6 +134,9 @@ fn scan_hot_set(filters: &[Option<FilterView<'_>>], threshold: u8, limits: &[usi
         if on_standby == everywhere && !keep_cached {
             continue;
         }
+        if candidates.len() == candidates.capacity() && candidates.try_reserve(candidates.len().max(1024)).is_err() {
+            errors::out_of_memory("the hot set", (candidates.len() * 2 * std::mem::size_of::<Candidate>()) as u64);
+        }
         candidates.push(Candidate {
             block: HotBlock { addr: buffer.address, usage: buffer.usage },
             on_standby,
@@ -178,15 +193,24 @@ fn hot_lists(filters: &[Option<FilterView<'_>>], threshold: u8, limits: &[usize]
     let mut hot = scan_hot_set(filters, threshold, limits, true);
     let (found, visited) = (hot.found, hot.visited);
     let mut lists = Vec::with_capacity(filters.len());
+    let mut total = 0usize;
     for (index, &limit) in limits.iter().enumerate() {
         let mut blocks = hot.to_send(index, limit);
         if index == 0 {
             shmem::scan_finished(ScanCounts { sent: blocks.len() as u64, found }, visited);
         }
-        lists.push(
-            encode_block_list(&mut blocks, found, visited)
-                .expect("blocks from buffer headers are valid list entries"),
-        );
+        let list = encode_block_list(&mut blocks, found, visited)
+            .expect("blocks from buffer headers are valid list entries");
+        total += list.len();
+        if total > MAX_RESULT_BYTES {
+            errors::raise(
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!("the hot block lists of {} standbys exceed 1 GB", limits.len()),
+                Some(format!("The first {} lists hold {total} bytes.", index + 1)),
+                Some("Ask for fewer standbys per call, or cap their max_blocks."),
+            );
+        }
+        lists.push(list);
     }
     lists
 }
