@@ -206,6 +206,20 @@ impl Standby {
     fn host(&self) -> Option<HostSpec> {
         self.conninfo.hosts().into_iter().next()
     }
+
+    /// Puts it off for its next backoff delay (at most `cap`) because of `problem`. Returns
+    /// the delay as the log says it when the problem is new: each is logged once.
+    fn defer(&mut self, cap: Duration, problem: String) -> Option<String> {
+        let delay = self.backoff.next_delay().min(cap);
+        self.retry_at = Some(Instant::now() + delay);
+        if self.problem.as_deref() == Some(problem.as_str()) {
+            return None;
+        }
+        self.problem = Some(problem);
+        Some(format_duration(Duration::from_millis(
+            delay.as_millis() as u64
+        )))
+    }
 }
 
 /// Whose call a result is.
@@ -339,9 +353,9 @@ impl Syncer {
             }
         };
         if topology.leader != self.leader {
+            // The primary's session goes below, with the leader's host.
             if let (Some(old), Some(new)) = (&self.leader, &topology.leader) {
                 warn!("Patroni's leader moved from {old} to {new}; following it");
-                self.drop_primary();
             }
             self.leader = topology.leader.clone();
         }
@@ -672,12 +686,9 @@ impl Syncer {
             // A primary listed among the standbys stays one until a failover, when the
             // old primary comes back as a standby: ask again now and then, never rarely.
             let standby = &mut self.standbys[i];
-            let delay = standby.backoff.next_delay().min(NOT_A_STANDBY_RECHECK);
-            standby.retry_at = Some(Instant::now() + delay);
             let note = format!("{} is not in recovery", standby.name);
-            if standby.problem.as_deref() != Some(note.as_str()) {
-                info!(standby = %standby.name, "{note}; not warming it (asking again in {})", format_duration(Duration::from_millis(delay.as_millis() as u64)));
-                standby.problem = Some(note);
+            if let Some(retry) = standby.defer(NOT_A_STANDBY_RECHECK, note.clone()) {
+                info!(standby = %standby.name, "{note}; not warming it (asking again in {retry})");
             }
             return Ok(Ready::Pass);
         }
@@ -708,11 +719,8 @@ impl Syncer {
             self.metrics.cycle_error(stage);
         }
         let standby = &mut self.standbys[i];
-        let delay = standby.backoff.next_delay();
-        standby.retry_at = Some(Instant::now() + delay);
         let text = error.to_string();
-        if standby.problem.as_deref() != Some(text.as_str()) {
-            let retry = format_duration(Duration::from_millis(delay.as_millis() as u64));
+        if let Some(retry) = standby.defer(Duration::MAX, text.clone()) {
             match error {
                 CycleError::Safety(_) => {
                     error!(standby = %standby.name, "{text}; retrying in {retry}")
@@ -721,7 +729,6 @@ impl Syncer {
                     warn!(standby = %standby.name, "{text}; warming the other standbys, retrying this one in {retry}")
                 }
             }
-            standby.problem = Some(text);
         }
     }
 
