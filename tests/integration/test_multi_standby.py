@@ -259,6 +259,17 @@ def streams(node: Node, timeline: int, sender: Node) -> bool:
     return bool(row) and row[0] == (timeline, sender.port)
 
 
+def follow_on_the_new_timeline(cluster, standby: Node, promoted: Node, table: str) -> None:
+    """Re-points the stopped `standby` at `promoted` (already promoted), starts it cold, and
+    waits until it streams timeline 2 from it (a write on `promoted` named `table` makes
+    sure there is WAL to stream)."""
+    cluster.follow(standby, promoted)
+    standby.drop_os_cache()
+    standby.start()
+    promoted.sql(f"CREATE TABLE {table} AS SELECT 1 AS x")
+    standby.wait_until(lambda: streams(standby, 2, promoted), "the standby to stream timeline 2 from the promoted one")
+
+
 def test_a_standby_following_another_primary_is_never_warmed_from_the_old_one(cluster, load_factory, log_dir):
     """A partition: standby A is promoted (timeline 2) and standby B follows it, while the
     old primary keeps running and accepting writes, and the agent's --primary still names
@@ -280,11 +291,7 @@ def test_a_standby_following_another_primary_is_never_warmed_from_the_old_one(cl
     b.stop()
     cluster.wait_caught_up(standby=a)
     a.promote()
-    cluster.follow(b, a)
-    b.drop_os_cache()
-    b.start()
-    a.sql("CREATE TABLE on_the_new_timeline AS SELECT 1 AS x")
-    b.wait_until(lambda: streams(b, 2, a), "B to stream timeline 2 from A")
+    follow_on_the_new_timeline(cluster, b, a, "on_the_new_timeline")
     assert old.one("SELECT NOT pg_is_in_recovery()"), "the old primary still runs as a primary"
     old.sql("CREATE TABLE written_during_the_partition AS SELECT 1 AS x")
 
@@ -353,11 +360,7 @@ def test_a_standby_following_a_primary_of_the_same_timeline_number_is_not_warmed
     cluster.primary.stop()
     a.promote()
     c.promote()
-    cluster.follow(b, a)
-    b.drop_os_cache()
-    b.start()
-    a.sql("CREATE TABLE on_a AS SELECT 1 AS x")
-    b.wait_until(lambda: streams(b, 2, a), "B to stream timeline 2 from A")
+    follow_on_the_new_timeline(cluster, b, a, "on_a")
     c.sql("CHECKPOINT")  # its control file names the new timeline
     assert c.one("SELECT timeline_id FROM pg_control_checkpoint()") == 2
 
