@@ -7,8 +7,10 @@
 //! `max_blocks` hottest blocks of the whole hot set.
 //! `ccm_hot_blocks_each()` serves several standbys with one scan: one filter and one
 //! list per standby, the primary's cost growing only by a filter probe per hot buffer.
-//! It is the scan `aurora_ccm_status()` reports on. `ccm_hot_buffers()` shows the same
-//! set as rows and leaves the counters alone.
+//! They are the scans `aurora_ccm_status()` reports on, when they run at the configured
+//! `ccm.usage_threshold`: a scan at another threshold (the agent's look below it, to fill a
+//! standby's unused buffers) would make the counters mean something else, and leaves them
+//! alone, as `ccm_hot_buffers()`, which shows the same set as rows, always does.
 
 use ccm_codec::{encode_block_list, FilterView, HotBlock, MAX_FORK};
 use pgrx::prelude::*;
@@ -79,15 +81,18 @@ impl HotSet {
     }
 }
 
-fn resolve_threshold(usage_threshold: Option<i32>) -> u8 {
-    let threshold = usage_threshold.unwrap_or_else(|| gucs::USAGE_THRESHOLD.get());
+/// The threshold of a call, and whether it is the configured one (whose scans
+/// aurora_ccm_status() reports).
+fn resolve_threshold(usage_threshold: Option<i32>) -> (u8, bool) {
+    let configured = gucs::USAGE_THRESHOLD.get();
+    let threshold = usage_threshold.unwrap_or(configured);
     if !(0..=gucs::MAX_USAGE_THRESHOLD).contains(&threshold) {
         errors::invalid_argument(
             format!("invalid usage_threshold: {threshold}"),
             Some(format!("The threshold ranges from 0 to {}.", gucs::MAX_USAGE_THRESHOLD)),
         );
     }
-    threshold as u8
+    (threshold as u8, threshold == configured)
 }
 
 fn resolve_max_blocks(max_blocks: Option<i64>) -> usize {
@@ -154,9 +159,9 @@ fn ccm_hot_blocks(
 ) -> Vec<u8> {
     errors::require_enabled();
     let view = filter.map(parse_filter);
-    let threshold = resolve_threshold(usage_threshold);
+    let (threshold, report) = resolve_threshold(usage_threshold);
     let limit = resolve_max_blocks(max_blocks);
-    hot_lists(&[view], threshold, &[limit]).pop().expect("one list per filter")
+    hot_lists(&[view], threshold, &[limit], report).pop().expect("one list per filter")
 }
 
 /// One scan for several standbys: for each filter (NULL: nothing known about that
@@ -182,21 +187,24 @@ fn ccm_hot_blocks_each(
         );
     }
     let views: Vec<_> = filters.iter().map(|filter| filter.map(parse_filter)).collect();
-    let threshold = resolve_threshold(usage_threshold);
+    let (threshold, report) = resolve_threshold(usage_threshold);
     let limits: Vec<_> = max_blocks.iter().map(resolve_max_blocks).collect();
-    hot_lists(&views, threshold, &limits)
+    hot_lists(&views, threshold, &limits, report)
 }
 
 /// The scan behind ccm_hot_blocks() and ccm_hot_blocks_each(): one list per filter.
-fn hot_lists(filters: &[Option<FilterView<'_>>], threshold: u8, limits: &[usize]) -> Vec<Vec<u8>> {
-    shmem::scan_started();
-    let mut hot = scan_hot_set(filters, threshold, limits, true);
+/// `report`: the scan counts in aurora_ccm_status().
+fn hot_lists(filters: &[Option<FilterView<'_>>], threshold: u8, limits: &[usize], report: bool) -> Vec<Vec<u8>> {
+    if report {
+        shmem::scan_started();
+    }
+    let mut hot = scan_hot_set(filters, threshold, limits, report);
     let (found, visited) = (hot.found, hot.visited);
     let mut lists = Vec::with_capacity(filters.len());
     let mut total = 0usize;
     for (index, &limit) in limits.iter().enumerate() {
         let mut blocks = hot.to_send(index, limit);
-        if index == 0 {
+        if index == 0 && report {
             shmem::scan_finished(ScanCounts { sent: blocks.len() as u64, found }, visited);
         }
         let list = encode_block_list(&mut blocks, found, visited)
@@ -233,7 +241,7 @@ fn ccm_hot_buffers(
     ),
 > {
     let view = filter.map(parse_filter);
-    let threshold = resolve_threshold(usage_threshold);
+    let (threshold, _) = resolve_threshold(usage_threshold);
     let mut blocks = scan_hot_set(&[view], threshold, &[usize::MAX], false).to_send(0, usize::MAX);
     blocks.sort_unstable_by_key(|block| block.addr);
     TableIterator::new(blocks.into_iter().map(block_row))

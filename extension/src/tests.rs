@@ -75,7 +75,8 @@ mod tests {
 
     #[pg_test]
     fn status_reports_aurora_columns_and_the_last_scan() {
-        let list = bytes("SELECT ccm_hot_blocks(NULL, NULL, 0)");
+        set_sighup_guc(c"ccm.usage_threshold", c"0");
+        let list = bytes("SELECT ccm_hot_blocks(NULL, NULL, NULL)");
         let listed = one_i64(&format!(
             "SELECT blocks FROM ccm_block_list_info('\\x{}'::bytea)",
             hex(&list)
@@ -105,6 +106,20 @@ mod tests {
              buffers_sent_current_scan bigint, buffers_found_current_scan bigint, \
              current_scan_progress bigint)"
         );
+    }
+
+    #[pg_test]
+    fn a_scan_at_another_threshold_leaves_the_status_alone() {
+        // The configured threshold (3) counts; the agent's look below it, to fill a
+        // standby's unused buffers, must not change what the counters mean.
+        Spi::run("CREATE TABLE status_probe AS SELECT g FROM generate_series(1, 20000) g").unwrap();
+        Spi::run("SELECT ccm_hot_blocks(NULL, NULL, 3)").unwrap();
+        let found = one_i64("SELECT buffers_found_last_scan FROM aurora_ccm_status()");
+        let everything = one_i64("SELECT blocks FROM ccm_block_list_info(ccm_hot_blocks(NULL, NULL, 0))");
+        assert!(everything > found, "the new table's pages have usage counts of 1 to 3");
+        assert_eq!(one_i64("SELECT buffers_found_last_scan FROM aurora_ccm_status()"), found);
+        Spi::run("SELECT ccm_hot_blocks_each(ARRAY[NULL]::bytea[], ARRAY[NULL]::int8[], 0)").unwrap();
+        assert_eq!(one_i64("SELECT buffers_found_last_scan FROM aurora_ccm_status()"), found);
     }
 
     #[pg_test(error = "Cluster Cache Manager is disabled")]
