@@ -683,9 +683,16 @@ impl BlockList {
     /// byte). These allocations are infallible: used outside a PostgreSQL backend (the
     /// agent), an allocation failure ends that process only.
     pub fn split_hottest_first(&self, max_blocks: usize) -> Vec<Vec<u8>> {
+        self.hottest_batches(max_blocks, usize::MAX)
+    }
+
+    /// [`split_hottest_first`](Self::split_hottest_first) of this list's `limit` hottest
+    /// blocks only (the rest are left out).
+    pub fn hottest_batches(&self, max_blocks: usize, limit: usize) -> Vec<Vec<u8>> {
         assert!(max_blocks > 0, "batch size must be positive");
         let mut blocks: Vec<HotBlock> = self.iter().collect();
         blocks.sort_by(|a, b| b.usage.cmp(&a.usage).then(a.addr.cmp(&b.addr)));
+        blocks.truncate(limit);
         blocks
             .chunks(max_blocks)
             .map(|chunk| {

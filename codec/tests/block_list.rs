@@ -99,6 +99,19 @@ fn batches_are_hottest_first_and_cover_the_list() {
     assert_eq!(decoded[2].header.hot_buffers_found, 7);
 }
 
+#[test]
+fn capped_batches_keep_the_hottest_blocks_only() {
+    let list = BlockList::decode(&encode(sample())).unwrap();
+    let mut hottest: Vec<HotBlock> = list.iter().collect();
+    hottest.sort_by(|a, b| b.usage.cmp(&a.usage).then(a.addr.cmp(&b.addr)));
+    hottest.truncate(4);
+    let batches = list.hottest_batches(2, 4);
+    assert_eq!(batches.len(), 2);
+    let kept: Vec<HotBlock> = batches.iter().flat_map(|b| BlockList::decode(b).unwrap().iter().collect::<Vec<_>>()).collect();
+    assert!(kept.iter().all(|b| hottest.contains(b)) && kept.len() == 4, "{kept:?}");
+    assert!(list.hottest_batches(3, 0).is_empty());
+}
+
 fn valid() -> Vec<u8> {
     encode(sample())
 }
