@@ -106,6 +106,10 @@ config_keys! {
     log_level: String [env = "CCM_LOG_LEVEL", value_name = "FILTER"] = DEFAULT_LOG_LEVEL,
     /// False positive rate of the standby's bloom filter, 0 < p < 1.
     false_positive_rate: f64 [env = "CCM_FALSE_POSITIVE_RATE", value_name = "P"] = 0.01,
+    /// Once a standby holds the whole hot set and still has unused buffers, also send it
+    /// colder blocks (usage count from the threshold down to 1, hottest first), as many as its
+    /// unused buffers take; it never evicts anything for them.
+    fill_room: bool [env = "CCM_FILL_ROOM", value_name = "BOOL"] = true,
     /// Blocks per ccm_prewarm call on the standby.
     batch_blocks: u64 [env = "CCM_BATCH_BLOCKS", value_name = "N"] = 4096,
     /// Per-host connect timeout.
@@ -217,6 +221,7 @@ pub struct Config {
     pub log_format: LogFormat,
     pub log_level: String,
     pub false_positive_rate: f64,
+    pub fill_room: bool,
     pub batch_blocks: u64,
     pub connect_timeout: Duration,
     pub statement_timeout: Duration,
@@ -336,6 +341,7 @@ impl Config {
             log_format: value!(log_format),
             log_level,
             false_positive_rate,
+            fill_room: value!(fill_room),
             batch_blocks,
             connect_timeout,
             statement_timeout,
@@ -360,6 +366,7 @@ impl Config {
             log_format: Some(self.log_format),
             log_level: Some(self.log_level.clone()),
             false_positive_rate: Some(self.false_positive_rate),
+            fill_room: Some(self.fill_room),
             batch_blocks: Some(self.batch_blocks),
             connect_timeout: Some(format_duration(self.connect_timeout)),
             statement_timeout: Some(format_duration(self.statement_timeout)),
@@ -853,6 +860,7 @@ mod tests {
             log_format: Some(LogFormat::Json),
             log_level: Some("info,ccm_agent=debug".into()),
             false_positive_rate: Some(0.05),
+            fill_room: Some(false),
             batch_blocks: Some(100),
             connect_timeout: Some("3s".into()),
             statement_timeout: Some("1m".into()),

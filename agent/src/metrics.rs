@@ -70,6 +70,7 @@ pub struct Metrics {
     pub blocks_sent: Counter,
     pub blocks_loaded: Counter,
     pub blocks_already_cached: Counter,
+    pub fill_blocks_loaded: Counter,
     pub blocks_skipped: Counter,
     pub recovery_conflicts: Counter,
     pub prewarm_storage_errors: Counter,
@@ -136,6 +137,7 @@ impl Metrics {
             blocks_sent: Counter::default(),
             blocks_loaded: Counter::default(),
             blocks_already_cached: Counter::default(),
+            fill_blocks_loaded: Counter::default(),
             blocks_skipped: Counter::default(),
             recovery_conflicts: Counter::default(),
             prewarm_storage_errors: Counter::default(),
@@ -192,6 +194,11 @@ impl Metrics {
             "blocks_already_cached",
             "Blocks sent that the standby already had cached",
             m.blocks_already_cached.clone(),
+        );
+        registry.register(
+            "fill_blocks_loaded",
+            "Of the blocks loaded, those below the hot set's usage threshold that filled a standby's unused buffers (fill_room)",
+            m.fill_blocks_loaded.clone(),
         );
         registry.register(
             "blocks_skipped",
@@ -618,6 +625,7 @@ mod tests {
         "ccm_agent_blocks_sent_total",
         "ccm_agent_blocks_loaded_total",
         "ccm_agent_blocks_already_cached_total",
+        "ccm_agent_fill_blocks_loaded_total",
         "ccm_agent_blocks_skipped_total",
         "ccm_agent_recovery_conflicts_total",
         "ccm_agent_prewarm_storage_errors_total",

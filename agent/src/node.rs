@@ -404,6 +404,10 @@ const SQL_FACTS: &str = "SELECT pg_is_in_recovery(), \
      split_part(current_setting('server_version'), ' ', 1)";
 const SQL_FILTER: &str = "SELECT pg_is_in_recovery(), ccm_buffer_filter($1::float8)";
 const SQL_HOT_BLOCKS: &str = "SELECT pg_is_in_recovery(), ccm_hot_blocks($1::bytea, $2::int8)";
+/// Every cached block (usage count 1 and up): a threshold other than ccm.usage_threshold
+/// leaves aurora_ccm_status() alone (extension 0.4.0 as built from 2026-11-24 on).
+const SQL_CACHED_BLOCKS: &str =
+    "SELECT pg_is_in_recovery(), ccm_hot_blocks($1::bytea, $2::int8, 0)";
 const SQL_HOT_BLOCKS_EACH: &str =
     "SELECT pg_is_in_recovery(), ccm_hot_blocks_each($1::bytea[], $2::int8[])";
 const SQL_WAL_SOURCE: &str =
@@ -857,6 +861,21 @@ impl Node {
         const WHAT: &str = "ccm_hot_blocks()";
         let row = self
             .query_one(WHAT, SQL_HOT_BLOCKS, &[&filter, &max_blocks])
+            .await?;
+        let col = Columns::new(self, WHAT, &row);
+        Ok((col.get(0)?, col.get(1)?))
+    }
+
+    /// Primary: of its `max_blocks` hottest cached blocks (usage count 1 and up, not only
+    /// the hot set), those missing from `filter`, with its recovery state.
+    pub async fn cached_blocks(
+        &mut self,
+        filter: &[u8],
+        max_blocks: i64,
+    ) -> Result<(bool, Vec<u8>), NodeError> {
+        const WHAT: &str = "ccm_hot_blocks(..., 0)";
+        let row = self
+            .query_one(WHAT, SQL_CACHED_BLOCKS, &[&filter, &max_blocks])
             .await?;
         let col = Columns::new(self, WHAT, &row);
         Ok((col.get(0)?, col.get(1)?))

@@ -5,7 +5,10 @@
 //! the primary that returns, per standby, the hot blocks its filter lacks, at most its
 //! shared_buffers (`ccm_hot_blocks_each`; an extension older than 0.4 gets one
 //! `ccm_hot_blocks` call per standby), (3) each list split hottest-first into batches,
-//! (4) one short `ccm_prewarm` call per batch, standby after standby in the warming order.
+//! (4) one short `ccm_prewarm` call per batch, standby after standby in the warming order,
+//! (5) with `fill_room`, for a standby that loaded its whole list and has unused buffers
+//! left: the primary's colder cached blocks it lacks, hottest first, as many as those
+//! buffers take (a second scan, made only while there is such room).
 //! Short calls keep each statement on a standby brief, so a recovery conflict never waits
 //! on us for long, and the hottest blocks land first if the cycle is cut short.
 //!
@@ -48,6 +51,18 @@ use crate::topology::{self, Target};
 /// The longest wait before asking a host that was not in recovery again.
 const NOT_A_STANDBY_RECHECK: Duration = Duration::from_secs(10);
 
+/// fill_room leaves this share of a standby's buffers unused (1/64), for replay and the
+/// standby's own reads, which would otherwise have to evict to get a buffer.
+const FILL_RESERVE_DIVISOR: u64 = 64;
+/// Fewer unused buffers than this are not worth a scan of the primary.
+const FILL_MIN_BLOCKS: u64 = 128;
+/// At most this many batches of colder blocks per standby and cycle, so that a large room is
+/// filled over several cycles and each cycle's hot blocks are not kept waiting behind it.
+const FILL_MAX_BATCHES: usize = 8;
+/// After a look below the threshold that found nothing to send (a standby larger than what
+/// the primary caches), the next one waits this long.
+const FILL_RECHECK: Duration = Duration::from_secs(30);
+
 /// What one cycle did for one standby.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct StandbyReport {
@@ -58,7 +73,10 @@ pub struct StandbyReport {
     pub room: u64,
     /// Blocks in its list, i.e. hot blocks (of its hottest part) its filter lacked.
     pub sent: u64,
+    /// Blocks it read, hot and colder (filled) ones.
     pub loaded: u64,
+    /// Of `loaded`, colder blocks that filled its unused buffers (fill_room).
+    pub filled: u64,
     pub recovery_conflicts: u64,
     pub storage_errors: u64,
 }
@@ -86,6 +104,8 @@ pub struct CycleReport {
     pub buffers_scanned: u64,
     /// Blocks in the lists, i.e. hot blocks the standbys' filters lacked.
     pub sent: u64,
+    /// Colder blocks sent to fill unused buffers (fill_room); not part of `sent`.
+    pub colder_sent: u64,
     pub batches: usize,
     pub requested: u64,
     pub loaded: u64,
@@ -115,6 +135,11 @@ impl CycleReport {
             Some(lowest) => lowest,
             None => coverage(self.hot_buffers, self.sent),
         }
+    }
+
+    /// This cycle's report of the standby called `name`.
+    fn standby_mut(&mut self, name: &str) -> Option<&mut StandbyReport> {
+        self.standbys.iter_mut().rev().find(|r| r.name == name)
     }
 
     /// Whether the cycle was cut short by a recovery conflict.
@@ -175,6 +200,21 @@ enum Flow {
     EndCycle,
 }
 
+/// Which blocks a prewarm call loads: the hot set's, or colder ones filling unused buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Hot,
+    Fill,
+}
+
+/// How many colder blocks a standby with `buffers` buffers, `cached` of them in use, takes:
+/// its unused buffers less a reserve of 1/64 of them.
+fn unused_room(buffers: u64, cached: u64) -> u64 {
+    buffers
+        .saturating_sub(cached)
+        .saturating_sub(buffers / FILL_RESERVE_DIVISOR)
+}
+
 /// One standby to warm, and what the loop remembers of it between cycles.
 struct Standby {
     name: String,
@@ -188,6 +228,8 @@ struct Standby {
     /// Connected and found to follow the primary (check_source): only such a standby is
     /// accepted as another standby's WAL sender (a cascade).
     verified: bool,
+    /// No look below the threshold for it before this (the last one found nothing to send).
+    fill_idle_until: Option<Instant>,
 }
 
 impl Standby {
@@ -200,6 +242,7 @@ impl Standby {
             retry_at: None,
             problem: None,
             verified: false,
+            fill_idle_until: None,
         }
     }
 
@@ -813,6 +856,27 @@ impl Syncer {
                 Err(e) => self.standby_trouble(*i, &e),
             }
         }
+        // (5) Room left: colder blocks for the standbys that hold their whole part of the
+        // hot set.
+        if self.cfg.fill_room {
+            for (i, filter) in &ready {
+                let Some(batches) = self.fill_batches(*i, filter, &mut report).await? else {
+                    continue;
+                };
+                match self
+                    .load(*i, &batches, Tier::Fill, progress, &mut report)
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(
+                        e @ (CycleError::Cancelled
+                        | CycleError::Decode(_)
+                        | CycleError::Disabled { .. }),
+                    ) => return Err(e),
+                    Err(e) => self.standby_trouble(*i, &e),
+                }
+            }
+        }
         self.metrics
             .hot_set_blocks
             .set(saturating_i64(report.hot_buffers));
@@ -934,13 +998,26 @@ impl Syncer {
             return Ok(());
         }
         let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
+        self.load(i, &batches, Tier::Hot, progress, report).await
+    }
+
+    /// Step (4): standby `i` reads `batches`, one short ccm_prewarm call each, until a
+    /// recovery conflict ends its share of the cycle.
+    async fn load(
+        &mut self,
+        i: usize,
+        batches: &[Vec<u8>],
+        tier: Tier,
+        progress: Option<&ProgressBar>,
+        report: &mut CycleReport,
+    ) -> Result<(), CycleError> {
         report.batches += batches.len();
-        for batch in &batches {
+        for batch in batches {
             let blocks = decode_block_list_header(batch)
                 .map(|h| u64::from(h.blocks))
                 .map_err(|e| CycleError::Decode(format!("a batch of it: {e}")))?;
             let result = self.standby(i).prewarm(batch).await;
-            let flow = self.prewarm_outcome(i, blocks, result, report)?;
+            let flow = self.prewarm_outcome(i, blocks, tier, result, report)?;
             if let Some(pb) = progress {
                 pb.inc(blocks);
             }
@@ -949,6 +1026,73 @@ impl Syncer {
             }
         }
         Ok(())
+    }
+
+    /// Step (5) for standby `i`, with fill_room: when this cycle loaded its whole list of hot
+    /// blocks (no conflict or storage error cut it short) and it still has unused buffers,
+    /// the primary's cached blocks it lacks below the hot set's threshold (usage count from
+    /// the threshold down to 1; of the primary's as many hottest blocks as the standby has
+    /// buffers), hottest first, as many as its unused buffers take less a reserve, at most
+    /// FILL_MAX_BATCHES batches. They go only into buffers nobody uses, so nothing the
+    /// standby caches is evicted for them, and they keep their low usage counts, so the
+    /// standby's own reads and replay evict them before any hot block. None when there is
+    /// nothing to fill. A failure of the primary fails the cycle, as in step (2).
+    async fn fill_batches(
+        &mut self,
+        i: usize,
+        filter: &[u8],
+        report: &mut CycleReport,
+    ) -> Result<Option<Vec<Vec<u8>>>, CycleError> {
+        let standby = &self.standbys[i];
+        let Some(node) = standby.node.as_ref() else {
+            return Ok(None);
+        };
+        // The hot blocks it read this cycle took unused buffers too.
+        let Some(loaded) = report
+            .standbys
+            .iter()
+            .find(|r| r.name == standby.name && r.recovery_conflicts == 0 && r.storage_errors == 0)
+            .map(|r| r.loaded)
+        else {
+            return Ok(None);
+        };
+        let idle = standby
+            .fill_idle_until
+            .is_some_and(|at| Instant::now() < at);
+        if idle || standby.retry_at.is_some() {
+            return Ok(None);
+        }
+        let buffers = u64::try_from(node.facts.shared_buffers).unwrap_or(0);
+        let cached = ccm_codec::FilterView::parse(filter).map_or(buffers, |f| f.item_count());
+        let room = unused_room(buffers, cached.saturating_add(loaded));
+        if room < FILL_MIN_BLOCKS {
+            return Ok(None);
+        }
+        let limit = i64::try_from(buffers).unwrap_or(i64::MAX).max(1);
+        let result = self.primary().cached_blocks(filter, limit).await;
+        let (in_recovery, bytes) = self.call(Who::Primary, Stage::HotBlocks, result)?;
+        if in_recovery {
+            return Err(self.primary_demoted());
+        }
+        let list = BlockList::decode_bounded(&bytes, u64::try_from(limit).unwrap_or(1))
+            .map_err(|e| CycleError::Decode(e.to_string()))?;
+        if list.is_empty() {
+            self.standbys[i].fill_idle_until = Some(Instant::now() + FILL_RECHECK);
+            return Ok(None);
+        }
+        let batch = self.cfg.batch_blocks as usize;
+        let take = usize::try_from(room.min(list.len() as u64))
+            .unwrap_or(usize::MAX)
+            .min(batch.saturating_mul(FILL_MAX_BATCHES));
+        debug!(
+            standby = %self.standbys[i].name,
+            unused = buffers.saturating_sub(cached),
+            lacking = list.len(),
+            take,
+            "filling the standby's unused buffers with colder blocks"
+        );
+        report.colder_sent += take as u64;
+        Ok(Some(list.hottest_batches(batch, take)))
     }
 
     fn finish(&self, mut report: CycleReport, started: Instant) -> CycleReport {
@@ -962,12 +1106,13 @@ impl Syncer {
         &mut self,
         i: usize,
         blocks: u64,
+        tier: Tier,
         result: Result<(bool, PrewarmResult), NodeError>,
         report: &mut CycleReport,
     ) -> Result<Flow, CycleError> {
         let error = match result {
             Ok((true, done)) => {
-                self.account(i, blocks, &done, report);
+                self.account(i, blocks, tier, &done, report);
                 return Ok(Flow::Next);
             }
             // Promoted during the call: nothing more goes to this server.
@@ -991,14 +1136,14 @@ impl Syncer {
                 );
                 self.metrics.prewarm_storage_errors.inc();
                 report.storage_errors += 1;
-                if let Some(r) = report.standbys.last_mut() {
+                if let Some(r) = report.standby_mut(&name) {
                     r.storage_errors += 1;
                 }
                 let lost = PrewarmResult {
                     skipped: blocks,
                     ..PrewarmResult::default()
                 };
-                self.account(i, blocks, &lost, report);
+                self.account(i, blocks, tier, &lost, report);
                 Ok(Flow::Next)
             }
             _ => self.call(Who::Standby(i), Stage::Prewarm, Err(error)),
@@ -1006,9 +1151,19 @@ impl Syncer {
     }
 
     /// Counts what a prewarm call on standby `i` did with `blocks` blocks.
-    fn account(&mut self, i: usize, blocks: u64, done: &PrewarmResult, report: &mut CycleReport) {
+    fn account(
+        &mut self,
+        i: usize,
+        blocks: u64,
+        tier: Tier,
+        done: &PrewarmResult,
+        report: &mut CycleReport,
+    ) {
         self.metrics.blocks_sent.inc_by(blocks);
         self.metrics.blocks_loaded.inc_by(done.loaded);
+        if tier == Tier::Fill {
+            self.metrics.fill_blocks_loaded.inc_by(done.loaded);
+        }
         self.metrics
             .blocks_already_cached
             .inc_by(done.already_cached);
@@ -1019,8 +1174,11 @@ impl Syncer {
         report.loaded += done.loaded;
         report.already_cached += done.already_cached;
         report.skipped += done.skipped;
-        if let Some(r) = report.standbys.last_mut() {
+        if let Some(r) = report.standby_mut(&self.standbys[i].name) {
             r.loaded += done.loaded;
+            if tier == Tier::Fill {
+                r.filled += done.loaded;
+            }
         }
     }
 
@@ -1037,7 +1195,7 @@ impl Syncer {
         );
         self.metrics.recovery_conflicts.inc();
         report.recovery_conflicts += 1;
-        if let Some(r) = report.standbys.last_mut().filter(|r| r.name == name) {
+        if let Some(r) = report.standby_mut(&name) {
             r.recovery_conflicts += 1;
         }
         if self.standby_broken(i, error) {
@@ -1123,13 +1281,18 @@ fn log_cycle(report: &CycleReport) {
             );
             continue;
         }
+        let colder = match standby.filled {
+            0 => String::new(),
+            filled => format!(", {filled} of them colder blocks into unused buffers"),
+        };
         info!(
             standby = %standby.name,
             loaded = standby.loaded,
+            filled = standby.filled,
             sent = standby.sent,
             hot_buffers = standby.hot_buffers,
             coverage = format_args!("{:.4}", standby.coverage()),
-            "loaded {} blocks into the standby {} (it held {:.1}% of the hot set of {} buffers)",
+            "loaded {} blocks into the standby {}{colder} (it held {:.1}% of the hot set of {} buffers)",
             standby.loaded,
             standby.name,
             standby.coverage() * 100.0,
@@ -1189,6 +1352,7 @@ pub async fn run(
         interval = %format_duration(cfg.interval),
         batch_blocks = cfg.batch_blocks,
         false_positive_rate = cfg.false_positive_rate,
+        fill_room = cfg.fill_room,
         "sync loop started"
     );
     while !cancel.is_cancelled() {
@@ -1260,7 +1424,10 @@ pub async fn run(
 #[derive(Debug, Default, Clone, PartialEq, Serialize)]
 pub struct SyncSummary {
     pub cycles: u32,
+    /// Hot blocks sent (as aurora_ccm_status() counts them).
     pub sent: u64,
+    /// Colder blocks sent to fill unused buffers (fill_room).
+    pub colder_sent: u64,
     pub loaded: u64,
     pub already_cached: u64,
     pub skipped: u64,
@@ -1280,6 +1447,7 @@ impl SyncSummary {
     fn add(&mut self, report: &CycleReport) {
         self.cycles += 1;
         self.sent += report.sent;
+        self.colder_sent += report.colder_sent;
         self.loaded += report.loaded;
         self.already_cached += report.already_cached;
         self.skipped += report.skipped;
@@ -1300,8 +1468,12 @@ impl SyncSummary {
         if self.recovery_conflicts > 0 {
             notes.push_str(&format!("; {} recovery conflicts", self.recovery_conflicts));
         }
+        let colder = match self.colder_sent {
+            0 => String::new(),
+            n => format!(" (and {n} colder ones into unused buffers)"),
+        };
         format!(
-            "{} after {} cycle{}: sent {} blocks, loaded {}, already cached {}, skipped {}; \
+            "{} after {} cycle{}: sent {} blocks{colder}, loaded {}, already cached {}, skipped {}; \
              hot set {} buffers, coverage {:.1}%{notes}",
             if self.complete {
                 "standby warm"
@@ -1441,7 +1613,7 @@ mod tests {
             ..Default::default()
         };
         let err = syncer
-            .prewarm_outcome(0, 10, Ok((false, done)), &mut report)
+            .prewarm_outcome(0, 10, Tier::Hot, Ok((false, done)), &mut report)
             .unwrap_err();
         match &err {
             CycleError::RoleChanged { side, message } => {
@@ -1457,14 +1629,20 @@ mod tests {
         assert!(syncer.standbys[0].node.is_none());
     }
 
-    #[test]
-    fn a_prewarm_in_recovery_is_counted() {
-        let (mut syncer, metrics) = syncer();
+    /// A cycle's report with the test syncer's standby in it, as `warm` leaves it.
+    fn report_of_the_standby() -> CycleReport {
         let mut report = CycleReport::default();
         report.standbys.push(StandbyReport {
             name: "127.0.0.2:1".into(),
             ..Default::default()
         });
+        report
+    }
+
+    #[test]
+    fn a_prewarm_in_recovery_is_counted() {
+        let (mut syncer, metrics) = syncer();
+        let mut report = report_of_the_standby();
         let done = PrewarmResult {
             requested: 10,
             loaded: 6,
@@ -1472,7 +1650,7 @@ mod tests {
             skipped: 1,
         };
         let flow = syncer
-            .prewarm_outcome(0, 10, Ok((true, done)), &mut report)
+            .prewarm_outcome(0, 10, Tier::Hot, Ok((true, done)), &mut report)
             .unwrap();
         assert_eq!(flow, Flow::Next);
         assert_eq!(
@@ -1497,17 +1675,47 @@ mod tests {
     }
 
     #[test]
+    fn colder_blocks_count_as_loaded_and_as_filled() {
+        let (mut syncer, metrics) = syncer();
+        let mut report = report_of_the_standby();
+        let hot = PrewarmResult {
+            requested: 4,
+            loaded: 4,
+            ..Default::default()
+        };
+        let cold = PrewarmResult {
+            requested: 10,
+            loaded: 7,
+            already_cached: 3,
+            ..Default::default()
+        };
+        syncer
+            .prewarm_outcome(0, 4, Tier::Hot, Ok((true, hot)), &mut report)
+            .unwrap();
+        syncer
+            .prewarm_outcome(0, 10, Tier::Fill, Ok((true, cold)), &mut report)
+            .unwrap();
+        assert_eq!(
+            (report.standbys[0].loaded, report.standbys[0].filled),
+            (11, 7)
+        );
+        assert_eq!(metric(&metrics, "ccm_agent_blocks_loaded_total"), 11.0);
+        assert_eq!(metric(&metrics, "ccm_agent_fill_blocks_loaded_total"), 7.0);
+    }
+
+    #[test]
     fn shutdown_and_disabled_pass_through() {
         let (mut syncer, _) = syncer();
         let mut report = CycleReport::default();
         assert!(matches!(
-            syncer.prewarm_outcome(0, 1, Err(NodeError::Cancelled), &mut report),
+            syncer.prewarm_outcome(0, 1, Tier::Hot, Err(NodeError::Cancelled), &mut report),
             Err(CycleError::Cancelled)
         ));
         assert!(matches!(
             syncer.prewarm_outcome(
                 0,
                 1,
+                Tier::Hot,
                 Err(NodeError::Disabled { host: "h".into() }),
                 &mut report
             ),
@@ -1532,6 +1740,19 @@ mod tests {
             });
         }
         assert_eq!(r.coverage(), 0.9);
+    }
+
+    #[test]
+    fn filling_leaves_a_reserve_of_unused_buffers() {
+        // 16384 buffers, 10000 in use: 6384 unused, less 256 kept for replay and reads.
+        assert_eq!(unused_room(16384, 10000), 6128);
+        assert_eq!(unused_room(16384, 16200), 0);
+        assert_eq!(
+            unused_room(16384, 20000),
+            0,
+            "a filter may count more than the buffers"
+        );
+        assert_eq!(unused_room(0, 0), 0);
     }
 
     #[test]
