@@ -27,7 +27,21 @@ PG_CONFIG=$(pg_config_of "$PG_MAJOR")
 # The pgN feature picks the bindings; the default feature is pg15.
 FEATURES=$(IFS=,; echo "pg$PG_MAJOR${EXTRA_FEATURES[*]:+,${EXTRA_FEATURES[*]}}")
 echo "==> installing pg_ccm into PostgreSQL $PG_MAJOR (features $FEATURES)" >&2
-(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "$FEATURES" >/dev/null)
+# Built into a staging directory, then every file put in place by a rename, as dpkg does: a
+# running server keeps the library it has mapped and loads the new one in new backends.
+# (`cargo pgrx install` rewrites pg_ccm.so in place, which crashes every process that has it
+# loaded, and with it the whole server.)
+STAGE="$ROOT/target/install-pg$PG_MAJOR"
+rm -rf "$STAGE"
+(cd extension && cargo pgrx package --pg-config "$PG_CONFIG" --no-default-features --features "$FEATURES" \
+    --out-dir "$STAGE" >/dev/null)
+(cd "$STAGE" && find . -type f) | while read -r file; do
+    target="/${file#./}"
+    case "$target" in *.so) mode=755 ;; *) mode=644 ;; esac
+    install -d "$(dirname "$target")"
+    install -m "$mode" "$STAGE/$file" "$target.new.$$"
+    mv -f "$target.new.$$" "$target"
+done
 # Install scripts of earlier releases too, so that `CREATE EXTENSION pg_ccm VERSION ...` and
 # `ALTER EXTENSION pg_ccm UPDATE` from any release work (pgrx copies only the upgrade scripts).
 install -m 644 sql/pg_ccm--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
