@@ -3,6 +3,7 @@
 
     python3 bench/ccm_bench.py [--pg N | N,M,... | all] [--shared-buffers 4GB]
                                [--only scan,filter,list,prewarm,overhead,standbys] [--io-methods worker,io_uring]
+    python3 bench/ccm_bench.py --only replay [--shared-buffers 4GB] [--rounds 3] [--replay-seconds 60]
 
     make bench                                  # every section, newest PostgreSQL with pg_ccm
     make bench PG=15                            # = ARGS='--pg 15': installs pg_ccm into 15 first
@@ -28,6 +29,16 @@ Sections:
   standbys  the primary's cost of serving 1, 2 and 3 standbys in a cycle: one
             ccm_hot_blocks_each() scan against one ccm_hot_blocks() scan per standby, with
             shared_buffers full and filters of three partly warm standbys
+  replay    (not in the default list: about 25 minutes at the defaults, ask for it with --only)
+            the standby's replay lag under a write load (pgbench tpcb-like, no rate limit), sampled
+            on the primary from pg_stat_replication: (a) no agent against (b) the agent warming a
+            warm standby, in --rounds interleaved rounds, and (c) a standby restarted cold with the
+            agent against (d) the same restart without it; with the primary's TPS, the blocks
+            the agent loaded and the standby's storage reads (replay's and the rest)
+  steady    (not in the default list; bench/steady.py, also runnable alone) the steady-state
+            cost of a warm standby per agent cycle at each --steady-sizes shared_buffers: CPU of
+            the agent's sessions on each node, bytes on the wire per direction (ss), blocks sent,
+            time from a block becoming hot to its arrival, extrapolated to 64 GB and 256 GB
 
 "Cold" means: server restarted (empty shared_buffers; a standby after a restartpoint) and the
 relation's files evicted from the OS page cache (sync + POSIX_FADV_DONTNEED via vmtouch -e).
@@ -46,14 +57,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from common import Sampler, percentile, say  # noqa: E402  (bench/common.py)
 from harness import block_list  # noqa: E402
+from steady import add_steady_arguments, bench_steady  # noqa: E402  (bench/steady.py)
 from harness.agent import AgentProcess  # noqa: E402
 from harness.cluster import (Cluster, Node, PgVersionError, pg_bin, pg_version_text, pgbench,  # noqa: E402
                              resolve_pg_versions, use_pg_version)
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
 
 
 def timed(node: Node, query: str, params=None, repeat: int = 1, setup: tuple[str, ...] = ()) -> tuple[float, list]:
@@ -267,12 +276,15 @@ PREWARM_MODES = [
 ]
 
 
-def tps(node: Node, seconds: int, clients: int) -> float:
-    out = pgbench(node, "-b", "select-only", "-c", str(clients), "-j", "2", "-T", str(seconds), "-n", "-M", "prepared").stdout
+def parse_tps(out: str) -> float:
     for line in out.splitlines():
         if line.startswith("tps = "):
             return float(line.split()[2])
     raise RuntimeError(out)
+
+
+def tps(node: Node, seconds: int, clients: int) -> float:
+    return parse_tps(pgbench(node, "-b", "select-only", "-c", str(clients), "-j", "2", "-T", str(seconds), "-n", "-M", "prepared").stdout)
 
 
 def bench_overhead(cluster: Cluster, rounds: int, seconds: int, clients: int, log_dir: Path) -> None:
@@ -346,10 +358,256 @@ def bench_standbys(node: Node, nbuffers: int) -> None:
     say()
 
 
-def run_sections(only: set[str], args: argparse.Namespace) -> list[dict]:
-    """Every chosen section on the PostgreSQL in use; returns the prewarm rows."""
+# -- replay: warming against WAL replay -------------------------------------------------------
+
+REPLAY_PHASES = {
+    "a": "(a) no agent",
+    "b": "(b) agent running, standby warm",
+    "c": "(c) standby restarted cold, agent running",
+    "d": "(d) standby restarted cold, no agent",
+}
+MB_PER_PGBENCH_SCALE = 15  # pgbench_accounts and its index, per scale unit
+LOADED = "ccm_agent_blocks_loaded_total"
+
+
+class LagSampler(Sampler):
+    """The standby's replay lag, sampled on the primary from pg_stat_replication every
+    `interval` seconds in a thread, on a fixed schedule, while the `with` block runs.
+
+    Each sample is (replay_lag in seconds or None, byte lag pg_current_wal_lsn() - replay_lsn
+    or None), or None when the primary has no walsender row (standby not streaming).
+    replay_lag is NULL once the standby has replayed everything and the primary sent nothing
+    since; the figures count that as 0."""
+
+    QUERY = ("SELECT EXTRACT(epoch FROM replay_lag)::float8, pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::float8 "
+             "FROM pg_stat_replication ORDER BY backend_start LIMIT 1")
+
+    what = "replay lag sampling"
+
+    def __init__(self, node: Node, interval: float):
+        super().__init__(interval)
+        self.node = node
+        self.samples: list[tuple[float | None, float | None] | None] = []
+
+    def run(self) -> None:
+        with self.node.connect() as conn:
+            self.loop(lambda: self.samples.append(conn.execute(self.QUERY).fetchone()))
+
+
+def standby_read_bytes(node: Node) -> tuple[int | None, dict[int, int]]:
+    """The startup (replay) process's pid and read_bytes (/proc/PID/io: bytes fetched from
+    storage, OS page cache misses) of each of the node's server processes but our own."""
+    with node.connect() as conn:
+        startup, me = conn.execute("SELECT (SELECT pid FROM pg_stat_activity WHERE backend_type = 'startup'), "
+                                   "pg_backend_pid()").fetchone()
+        listed = subprocess.run(["pgrep", "-P", str(node.postmaster_pid())], capture_output=True, text=True).stdout
+        counts: dict[int, int] = {}
+        for pid in map(int, listed.split()):
+            if pid == me:
+                continue
+            try:
+                for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+                    if line.startswith("read_bytes:"):
+                        counts[pid] = int(line.split()[1])
+            except OSError:  # exited, or not ours to read
+                pass
+    return startup, counts
+
+
+def settle(cluster: Cluster) -> None:
+    """A checkpoint on the primary, then waits until the standby has replayed everything and
+    streams, so every phase starts from the same place (each first change of a page after a
+    checkpoint writes a full-page image: more WAL to replay at the start of a phase)."""
+    cluster.primary.sql("CHECKPOINT")
+    cluster.wait_caught_up(timeout=1800)
+    cluster.primary.wait_until(lambda: cluster.primary.one("SELECT count(*) FROM pg_stat_replication "
+                                                           "WHERE state = 'streaming'") > 0,
+                               "the standby to stream", timeout=120)
+
+
+def wait_warm(agent: AgentProcess, timeout: float = 600) -> None:
+    """Waits until a whole agent cycle loaded nothing new (no write load runs meanwhile)."""
+    seen = {"cycles": agent.metric("ccm_agent_cycles_total"), "loaded": agent.metric(LOADED)}
+
+    def settled() -> bool:
+        cycles, loaded = agent.metric("ccm_agent_cycles_total"), agent.metric(LOADED)
+        if cycles == seen["cycles"]:
+            return False
+        quiet = loaded == seen["loaded"]
+        seen.update(cycles=cycles, loaded=loaded)
+        return quiet and cycles >= 2
+
+    try:
+        agent.wait_for(settled, "the standby to be warm (an agent cycle that loads nothing)", timeout=timeout)
+    except TimeoutError:
+        say(f"(the agent still loaded blocks in every cycle after {timeout:.0f} s; measuring anyway)")
+
+
+def replay_phase(cluster: Cluster, phase: str, round_no: int, args: argparse.Namespace,
+                 agent: AgentProcess | None) -> dict:
+    """One phase: pgbench tpcb-like on the primary for --replay-seconds while LagSampler
+    samples the standby's replay lag; `agent` (if any) is running. Prints and returns its row."""
+    standby = cluster.standby
+    loaded_before = agent.metric(LOADED) if agent else 0.0
+    startup_before, reads_before = standby_read_bytes(standby)
+    with LagSampler(cluster.primary, args.replay_interval) as sampler:
+        out = pgbench(cluster.primary, "-b", "tpcb-like", "-c", str(args.replay_clients), "-j", "2",
+                      "-T", str(args.replay_seconds), "-n", "-M", "prepared").stdout
+    loaded = agent.metric(LOADED) - loaded_before if agent else 0.0
+    startup, reads = standby_read_bytes(standby)
+    replay_read = reads.get(startup, 0) - reads_before.get(startup, 0) if startup == startup_before else None
+    other_read = sum(count - reads_before.get(pid, 0) for pid, count in reads.items() if pid != startup)
+    present = [s for s in sampler.samples if s is not None]  # taken while the standby streamed
+    lags = [(lag or 0.0) * 1000 for lag, _ in present]
+    byte_lags = [b for _, b in present if b is not None]
+    row = {
+        "postgresql": pg_version_text().removeprefix("PostgreSQL "),
+        "phase": phase, "label": REPLAY_PHASES[phase], "round": round_no,
+        "samples": len(sampler.samples), "null_samples": sum(1 for lag, _ in present if lag is None),
+        "missing_samples": len(sampler.samples) - len(present),
+        "p50_ms": percentile(lags, 50), "p99_ms": percentile(lags, 99), "max_ms": max(lags, default=None),
+        "bytes_p50": percentile(byte_lags, 50), "bytes_p99": percentile(byte_lags, 99),
+        "tps": parse_tps(out), "blocks_loaded": int(loaded) if agent else None,
+        "replay_read_mb": None if replay_read is None else replay_read / 2**20, "other_read_mb": other_read / 2**20,
+    }
+    say(replay_row_text(row, str(round_no)))
+    return row
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+REPLAY_HEADER = ("| phase | round | replay lag p50 ms | p99 ms | max ms | byte lag p50 kB | byte lag p99 kB | TPS "
+                 "| blocks loaded | standby reads MB: replay / other | NULL lag samples |\n"
+                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def replay_row_text(row: dict, round_text: str) -> str:
+    kb = lambda b: None if b is None else b / 1024  # noqa: E731
+    return (f"| {row['label']} | {round_text} | {fmt(row['p50_ms'], 1)} | {fmt(row['p99_ms'], 1)} | {fmt(row['max_ms'], 1)} "
+            f"| {fmt(kb(row['bytes_p50']))} | {fmt(kb(row['bytes_p99']))} | {fmt(row['tps'])} | {fmt(row['blocks_loaded'])} "
+            f"| {fmt(row['replay_read_mb'], 1)} / {fmt(row['other_read_mb'], 1)} "
+            f"| {row['null_samples']} of {row['samples']}"
+            + (f" ({row['missing_samples']} not streaming)" if row["missing_samples"] else "") + " |")
+
+
+def replay_summary(rows: list[dict]) -> None:
+    """Per phase, the median over rounds of each figure (max: the largest), and the verdicts."""
+    say()
+    say(f"### Replay lag by phase (median over {max(r['round'] for r in rows)} round(s); max: the largest)")
+    say(REPLAY_HEADER)
+    by_phase = {phase: [r for r in rows if r["phase"] == phase] for phase in REPLAY_PHASES}
+
+    def median(values: list) -> float | None:
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    for phase, mine in by_phase.items():
+        if not mine:
+            continue
+        summary = {key: median([r[key] for r in mine]) for key in
+                   ("p50_ms", "p99_ms", "bytes_p50", "bytes_p99", "tps", "blocks_loaded", "replay_read_mb", "other_read_mb")}
+        summary.update(label=REPLAY_PHASES[phase], max_ms=max((r["max_ms"] for r in mine if r["max_ms"] is not None), default=None),
+                       samples=sum(r["samples"] for r in mine), null_samples=sum(r["null_samples"] for r in mine),
+                       missing_samples=sum(r["missing_samples"] for r in mine))
+        say(replay_row_text(summary, "all"))
+    say()
+    for ours, baseline, what in (("b", "a", "steady warming"), ("c", "d", "warming a cold standby")):
+        say(replay_verdict(by_phase[ours], by_phase[baseline], what))
+    say()
+    say("replay_lag is NULL in pg_stat_replication when the standby has replayed all WAL sent and none came "
+        "since; such samples count as 0 ms (column NULL lag samples). Standby reads are /proc/PID/io read_bytes "
+        "(storage reads, OS page cache misses) of the standby's processes during the phase: replay = the startup "
+        "process, other = the rest (the agent's ccm_prewarm session among them; processes that exited during "
+        "the phase are not counted).")
+    say()
+
+
+def replay_verdict(ours: list[dict], baseline: list[dict], what: str) -> str:
+    """p99 replay lag of phase `ours` against `baseline`: the difference of the medians over
+    rounds, "within noise" if it is smaller than the larger round-to-round spread (max - min)."""
+    if not ours or not baseline:
+        return f"{what}: not measured"
+    a, b = ours[0]["phase"], baseline[0]["phase"]
+    mine = [r["p99_ms"] for r in ours if r["p99_ms"] is not None]
+    base = [r["p99_ms"] for r in baseline if r["p99_ms"] is not None]
+    if not mine or not base:
+        return f"{what}: no replay lag samples"
+    m, n = statistics.median(mine), statistics.median(base)
+    spread = max(max(mine) - min(mine), max(base) - min(base))
+    tps_change = statistics.median(r["tps"] for r in ours) / statistics.median(r["tps"] for r in baseline) - 1
+    head = f"Verdict, {what} (({a}) against ({b})): p99 replay lag {m:.1f} against {n:.1f} ms"
+    tail = f"; primary TPS {tps_change:+.1%}"
+    if len(mine) < 2 and len(base) < 2:
+        return f"{head}, {m - n:+.1f} ms (one round: no spread to compare with, use --rounds 2 or more){tail}"
+    if abs(m - n) < spread:
+        return f"{head}: within noise ({m - n:+.1f} ms, round-to-round spread {spread:.1f} ms){tail}"
+    change = f", {m / n - 1:+.0%}" if n > 0 else ""
+    return (f"{head}: {'an increase' if m > n else 'a decrease'} ({m - n:+.1f} ms{change}), beyond the round-to-round "
+            f"spread ({spread:.1f} ms){tail}")
+
+
+def bench_replay(cluster: Cluster, args: argparse.Namespace, log_dir: Path) -> list[dict]:
+    """Warming against WAL replay: the standby's replay lag under a write load in the four
+    phases of REPLAY_PHASES, --rounds times, the order of (a)/(b) and of (c)/(d) alternating
+    from round to round. Returns the rows (one per phase and round)."""
+    primary, standby = cluster.primary, cluster.standby
+    nbuffers = primary.one("SELECT setting::int8 FROM pg_settings WHERE name = 'shared_buffers'")
+    sb_mb = nbuffers * 8 // 1024
+    scale = args.replay_scale or max(1, round(1.5 * sb_mb / MB_PER_PGBENCH_SCALE))
+    say(f"## Replay lag of a streaming standby while ccm-agent warms it (pgbench tpcb-like, {args.replay_clients} "
+        f"clients, no rate limit, {args.replay_seconds} s phases, lag sampled every {args.replay_interval} s)")
+    say(f"pgbench -i -s {scale} (shared_buffers {sb_mb} MB on both nodes) ...")
+    pgbench(primary, "-i", "-s", str(scale), "-I", "dtGvp")
+    data_mb = primary.one("SELECT pg_database_size(current_database()) / 1048576")
+    say(f"data {data_mb} MB = {data_mb / sb_mb:.2f} x shared_buffers; waiting for the standby to replay it ...")
+    settle(cluster)
+    say(f"warming the primary with {min(args.replay_seconds, 30)} s of the load ...")
+    pgbench(primary, "-b", "tpcb-like", "-c", str(args.replay_clients), "-j", "2", "-T", str(min(args.replay_seconds, 30)),
+            "-n", "-M", "prepared")
+
+    def new_agent() -> AgentProcess:
+        return AgentProcess(primary.conninfo(), standby.conninfo(), log_dir, interval="1s").start()
+
+    say()
+    say(REPLAY_HEADER)
+    rows: list[dict] = []
+    for round_no in range(1, args.rounds + 1):
+        # (a) and (b): a warm standby, the agent stopped or warming it.
+        settle(cluster)
+        agent = new_agent()
+        wait_warm(agent)
+        for phase in ("b", "a") if round_no % 2 else ("a", "b"):
+            if phase == "a":
+                agent.stop()
+            elif not agent.alive():
+                agent = new_agent()
+                wait_warm(agent)
+            settle(cluster)
+            rows.append(replay_phase(cluster, phase, round_no, args, agent if phase == "b" else None))
+        agent.stop()
+        # (c) and (d): right after a restart with empty shared_buffers and OS cache, the agent
+        # starting with the load (it then loads the most) or not at all.
+        for phase in ("d", "c") if round_no % 2 else ("c", "d"):
+            cluster.make_standby_cold()
+            settle(cluster)
+            agent = new_agent() if phase == "c" else None
+            try:
+                rows.append(replay_phase(cluster, phase, round_no, args, agent))
+            finally:
+                if agent:
+                    agent.stop()
+    replay_summary(rows)
+    return rows
+
+
+def run_sections(only: set[str], args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Every chosen section on the PostgreSQL in use; returns the rows of the sections that
+    keep them (prewarm, replay), by section."""
     settings = {"shared_buffers": f"'{args.shared_buffers}'", "fsync": "on", "max_wal_size": "'8GB'", **args.set}
     prewarm: list[dict] = []
+    replay: list[dict] = []
     if only & {"scan", "filter", "list"}:
         with Cluster(settings=settings) as cluster:
             node = cluster.primary
@@ -377,7 +635,18 @@ def run_sections(only: set[str], args: argparse.Namespace) -> list[dict]:
     if "overhead" in only:
         with Cluster(settings={"shared_buffers": "'512MB'"}) as cluster:
             bench_overhead(cluster, args.rounds, args.seconds, args.clients, cluster.base)
-    return prewarm
+    if "steady" in only:
+        bench_steady(args)  # its own clusters, one per --steady-sizes size
+    if "replay" in only:
+        # Both nodes with the benchmark's shared_buffers (the standby is cloned with the
+        # primary's configuration).
+        with Cluster(settings=settings) as cluster:
+            replay = bench_replay(cluster, args, cluster.base)
+    return {"prewarm": prewarm, "replay": replay}
+
+
+SECTIONS = ("scan", "filter", "list", "prewarm", "overhead", "standbys", "replay", "steady")
+DEFAULT_SECTIONS = SECTIONS[:-2]  # replay and steady only when asked for
 
 
 def main() -> None:
@@ -388,10 +657,22 @@ def main() -> None:
     parser.add_argument("--prewarm-mb", type=int, default=1024, help="size of the cold relation")
     parser.add_argument("--io-methods", default="worker,io_uring",
                         help="PostgreSQL 18's io_method values the prewarm section runs with, in turn (default worker,io_uring)")
-    parser.add_argument("--only", default="scan,filter,list,prewarm,overhead,standbys")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=int, default=20)
-    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS),
+                        help=f"comma-separated sections among {','.join(SECTIONS)} (default {','.join(DEFAULT_SECTIONS)}; "
+                             "replay (about 25 minutes at the defaults) and steady (its --steady-sizes) "
+                             "run only when named)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the overhead and replay sections (default 3)")
+    parser.add_argument("--seconds", type=int, default=20, help="length of an overhead round (default 20)")
+    parser.add_argument("--clients", type=int, default=4, help="pgbench clients of the overhead section (default 4)")
+    parser.add_argument("--replay-scale", type=int, default=None,
+                        help="pgbench scale of the replay section (default: data about 1.5 x --shared-buffers, "
+                             f"{MB_PER_PGBENCH_SCALE} MB per scale unit)")
+    parser.add_argument("--replay-seconds", type=int, default=60, help="length of each replay phase (default 60)")
+    parser.add_argument("--replay-clients", type=int, default=8,
+                        help="pgbench tpcb-like clients of the replay section, 2 threads, no rate limit (default 8)")
+    parser.add_argument("--replay-interval", type=float, default=0.25,
+                        help="seconds between replay lag samples (default 0.25)")
+    add_steady_arguments(parser)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a server setting for every node of every section (repeatable), e.g. maintenance_io_concurrency=64")
     args = parser.parse_args()
@@ -400,6 +681,8 @@ def main() -> None:
     except ValueError:
         parser.error("--set: expected NAME=VALUE")
     only = set(args.only.split(","))
+    if only - set(SECTIONS):
+        parser.error(f"--only: unknown section(s) {','.join(sorted(only - set(SECTIONS)))}; choose among {','.join(SECTIONS)}")
     args.io_methods = [m for m in args.io_methods.split(",") if m]
     if not all(re.fullmatch(r"[a-z_]+", m) for m in args.io_methods) or not args.io_methods:
         parser.error(f"--io-methods: expected names such as worker,io_uring,sync, got {args.io_methods}")
@@ -415,7 +698,7 @@ def main() -> None:
         use_pg_version(version)
         say(f"# {pg_version_text()} ({pg_bin()})")
         say()
-        prewarm += run_sections(only, args)
+        prewarm += run_sections(only, args)["prewarm"]
     prewarm_summary(prewarm)
 
 
