@@ -110,6 +110,9 @@ config_keys! {
     /// colder blocks (usage count from the threshold down to 1, hottest first), as many as its
     /// unused buffers take; it never evicts anything for them.
     fill_room: bool [env = "CCM_FILL_ROOM", value_name = "BOOL"] = true,
+    /// A standby's replay lag (WAL received but not yet replayed) above which warming it
+    /// pauses for the rest of the cycle (one batch per cycle while it lasts), or "off".
+    max_replay_lag: String [env = "CCM_MAX_REPLAY_LAG", value_name = "SIZE"] = "16MB",
     /// Blocks per ccm_prewarm call on the standby.
     batch_blocks: u64 [env = "CCM_BATCH_BLOCKS", value_name = "N"] = 4096,
     /// Per-host connect timeout.
@@ -222,6 +225,8 @@ pub struct Config {
     pub log_level: String,
     pub false_positive_rate: f64,
     pub fill_room: bool,
+    /// In bytes; None: off.
+    pub max_replay_lag: Option<u64>,
     pub batch_blocks: u64,
     pub connect_timeout: Duration,
     pub statement_timeout: Duration,
@@ -342,6 +347,7 @@ impl Config {
             log_level,
             false_positive_rate,
             fill_room: value!(fill_room),
+            max_replay_lag: size("max_replay_lag", &value!(max_replay_lag))?,
             batch_blocks,
             connect_timeout,
             statement_timeout,
@@ -367,6 +373,10 @@ impl Config {
             log_level: Some(self.log_level.clone()),
             false_positive_rate: Some(self.false_positive_rate),
             fill_room: Some(self.fill_room),
+            max_replay_lag: Some(
+                self.max_replay_lag
+                    .map_or_else(|| "off".to_string(), format_size),
+            ),
             batch_blocks: Some(self.batch_blocks),
             connect_timeout: Some(format_duration(self.connect_timeout)),
             statement_timeout: Some(format_duration(self.statement_timeout)),
@@ -493,6 +503,51 @@ fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
     Ok(d)
 }
 
+/// A size as PostgreSQL writes one (`16MB`, `512kB`, `1GB`, bytes without a unit; units of
+/// 1024), or "off": None.
+fn size(key: &'static str, text: &str) -> Result<Option<u64>, ConfigError> {
+    let text = text.trim();
+    if text == "off" {
+        return Ok(None);
+    }
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let factor: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "kB" => 1 << 10,
+        "MB" => 1 << 20,
+        "GB" => 1 << 30,
+        "TB" => 1 << 40,
+        _ => 0,
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        .filter(|&bytes| bytes > 0)
+        .map(Some)
+        .ok_or_else(|| {
+            invalid(
+                key,
+                format!("\"{text}\" is neither \"off\" nor a size such as 512kB, 1MB or 1GB"),
+            )
+        })
+}
+
+/// A size in the largest unit of `size()` that divides it.
+pub fn format_size(bytes: u64) -> String {
+    ["TB", "GB", "MB", "kB"]
+        .iter()
+        .zip([40, 30, 20, 10])
+        .find(|&(_, shift)| bytes.is_multiple_of(1u64 << shift))
+        .map_or_else(
+            || bytes.to_string(),
+            |(unit, shift)| format!("{}{unit}", bytes >> shift),
+        )
+}
+
 pub fn format_duration(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
@@ -508,6 +563,20 @@ mod tests {
             standby: Some("host=s port=5433 user=postgres".into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn replay_lag_sizes_read_as_postgresql_writes_them() {
+        assert_eq!(size("k", "1MB").unwrap(), Some(1 << 20));
+        assert_eq!(size("k", "512kB").unwrap(), Some(512 << 10));
+        assert_eq!(size("k", "4096").unwrap(), Some(4096));
+        assert_eq!(size("k", " off ").unwrap(), None);
+        for bad in ["", "0", "1mb", "MB", "-1MB", "99999999999TB", "1.5MB"] {
+            assert!(size("k", bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(format_size(1 << 20), "1MB");
+        assert_eq!(format_size(3 << 30), "3GB");
+        assert_eq!(format_size(1536), "1536");
     }
 
     #[test]
@@ -861,6 +930,7 @@ mod tests {
             log_level: Some("info,ccm_agent=debug".into()),
             false_positive_rate: Some(0.05),
             fill_room: Some(false),
+            max_replay_lag: Some("64MB".into()),
             batch_blocks: Some(100),
             connect_timeout: Some("3s".into()),
             statement_timeout: Some("1m".into()),

@@ -73,6 +73,7 @@ pub struct Metrics {
     pub fill_blocks_loaded: Counter,
     pub blocks_skipped: Counter,
     pub recovery_conflicts: Counter,
+    pub replay_lag_pauses: Counter,
     pub prewarm_storage_errors: Counter,
     pub hot_set_blocks: Gauge,
     pub coverage_ratio: FloatGauge,
@@ -140,6 +141,7 @@ impl Metrics {
             fill_blocks_loaded: Counter::default(),
             blocks_skipped: Counter::default(),
             recovery_conflicts: Counter::default(),
+            replay_lag_pauses: Counter::default(),
             prewarm_storage_errors: Counter::default(),
             hot_set_blocks: Gauge::default(),
             coverage_ratio: FloatGauge::default(),
@@ -209,6 +211,11 @@ impl Metrics {
             "recovery_conflicts",
             "Standby calls (filter, prewarm) cancelled, or sessions terminated, by a recovery conflict; the cycle ends and the rest follows next cycle",
             m.recovery_conflicts.clone(),
+        );
+        registry.register(
+            "replay_lag_pauses",
+            "Times a standby's share of a cycle ended because its replay lag was above max_replay_lag",
+            m.replay_lag_pauses.clone(),
         );
         registry.register(
             "prewarm_storage_errors",
@@ -628,6 +635,7 @@ mod tests {
         "ccm_agent_fill_blocks_loaded_total",
         "ccm_agent_blocks_skipped_total",
         "ccm_agent_recovery_conflicts_total",
+        "ccm_agent_replay_lag_pauses_total",
         "ccm_agent_prewarm_storage_errors_total",
         "ccm_agent_hot_set_blocks",
         "ccm_agent_coverage_ratio",

@@ -309,6 +309,8 @@ pub struct PrewarmResult {
     pub loaded: u64,
     pub already_cached: u64,
     pub skipped: u64,
+    /// The standby's replay lag in bytes right after the call; None when it does not stream.
+    pub replay_lag: Option<u64>,
 }
 
 /// Reads the columns of a server's row without panicking: a NULL where a value is needed,
@@ -414,8 +416,10 @@ const SQL_WAL_SOURCE: &str =
     "SELECT in_recovery, timeline, sender_host, sender_port FROM ccm_wal_source()";
 /// pg_is_in_recovery() is evaluated after ccm_prewarm (it is in the target list of the row
 /// the function returns), so a promotion during the call is seen in its own answer.
+/// With the WAL received but not yet replayed after the batch (NULL when nothing streams).
 const SQL_PREWARM: &str = "SELECT pg_is_in_recovery(), requested, loaded, already_cached, \
-     skipped FROM ccm_prewarm($1::bytea)";
+     skipped, pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::int8 \
+     FROM ccm_prewarm($1::bytea)";
 const SQL_STATUS: &str = "SELECT buffers_sent_last_minute, buffers_found_last_minute, \
      buffers_sent_last_scan, buffers_found_last_scan, buffers_sent_current_scan, \
      buffers_found_current_scan, current_scan_progress FROM aurora_ccm_status()";
@@ -947,6 +951,7 @@ impl Node {
                 loaded: count(2)?,
                 already_cached: count(3)?,
                 skipped: count(4)?,
+                replay_lag: col.get::<Option<i64>>(5)?.map(|lag| lag.max(0) as u64),
             },
         ))
     }

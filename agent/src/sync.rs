@@ -79,6 +79,8 @@ pub struct StandbyReport {
     pub filled: u64,
     pub recovery_conflicts: u64,
     pub storage_errors: u64,
+    /// Its replay lag rose above max_replay_lag: its share of the cycle ended there.
+    pub replay_paused: bool,
 }
 
 impl StandbyReport {
@@ -116,6 +118,8 @@ pub struct CycleReport {
     pub storage_errors: u64,
     /// Recovery conflicts; one ends that standby's share of the cycle.
     pub recovery_conflicts: u64,
+    /// Standbys whose share of the cycle ended because their replay lag passed max_replay_lag.
+    pub replay_pauses: u64,
     pub filter_bytes: usize,
     pub list_bytes: usize,
     pub duration: Duration,
@@ -142,9 +146,9 @@ impl CycleReport {
         self.standbys.iter_mut().rev().find(|r| r.name == name)
     }
 
-    /// Whether the cycle was cut short by a recovery conflict.
+    /// Whether the cycle was cut short by a recovery conflict or by replay lag.
     pub fn interrupted(&self) -> bool {
-        self.recovery_conflicts > 0
+        self.recovery_conflicts > 0 || self.replay_pauses > 0
     }
 }
 
@@ -230,6 +234,8 @@ struct Standby {
     verified: bool,
     /// No look below the threshold for it before this (the last one found nothing to send).
     fill_idle_until: Option<Instant>,
+    /// Its warming waits for replay (max_replay_lag): logged once, when it starts.
+    replay_behind: bool,
 }
 
 impl Standby {
@@ -243,6 +249,7 @@ impl Standby {
             problem: None,
             verified: false,
             fill_idle_until: None,
+            replay_behind: false,
         }
     }
 
@@ -1051,7 +1058,12 @@ impl Syncer {
         let Some(loaded) = report
             .standbys
             .iter()
-            .find(|r| r.name == standby.name && r.recovery_conflicts == 0 && r.storage_errors == 0)
+            .find(|r| {
+                r.name == standby.name
+                    && r.recovery_conflicts == 0
+                    && r.storage_errors == 0
+                    && !r.replay_paused
+            })
             .map(|r| r.loaded)
         else {
             return Ok(None);
@@ -1113,7 +1125,7 @@ impl Syncer {
         let error = match result {
             Ok((true, done)) => {
                 self.account(i, blocks, tier, &done, report);
-                return Ok(Flow::Next);
+                return Ok(self.replay_check(i, done.replay_lag, report));
             }
             // Promoted during the call: nothing more goes to this server.
             Ok((false, _)) => return Err(self.promoted(i)),
@@ -1148,6 +1160,38 @@ impl Syncer {
             }
             _ => self.call(Who::Standby(i), Stage::Prewarm, Err(error)),
         }
+    }
+
+    /// After a batch: whether standby `i`'s replay lag leaves room for the next one. Above
+    /// max_replay_lag its share of the cycle ends, so that our reads do not keep a failover
+    /// candidate's replay behind (promotion waits for replay to finish); the next cycle goes
+    /// on where this one stopped, one batch at a time while the lag lasts.
+    fn replay_check(&mut self, i: usize, lag: Option<u64>, report: &mut CycleReport) -> Flow {
+        let max = self.cfg.max_replay_lag;
+        let standby = &mut self.standbys[i];
+        let Some((lag, max)) = lag.zip(max).filter(|(lag, max)| lag > max) else {
+            if std::mem::take(&mut standby.replay_behind) {
+                info!(standby = %standby.name, "replay on the standby {} caught up; warming it again", standby.name);
+            }
+            return Flow::Next;
+        };
+        if !std::mem::replace(&mut standby.replay_behind, true) {
+            info!(
+                standby = %standby.name,
+                replay_lag_bytes = lag,
+                "replay on the standby {} is {} behind what it received (max_replay_lag {}); \
+                 warming it waits for replay, a batch per cycle at most",
+                standby.name,
+                crate::config::format_size(lag),
+                crate::config::format_size(max)
+            );
+        }
+        self.metrics.replay_lag_pauses.inc();
+        report.replay_pauses += 1;
+        if let Some(r) = report.standby_mut(&self.standbys[i].name) {
+            r.replay_paused = true;
+        }
+        Flow::EndCycle
     }
 
     /// Counts what a prewarm call on standby `i` did with `blocks` blocks.
@@ -1648,6 +1692,7 @@ mod tests {
             loaded: 6,
             already_cached: 3,
             skipped: 1,
+            replay_lag: Some(0),
         };
         let flow = syncer
             .prewarm_outcome(0, 10, Tier::Hot, Ok((true, done)), &mut report)
@@ -1672,6 +1717,46 @@ mod tests {
             ),
             6.0
         );
+    }
+
+    #[test]
+    fn replay_lag_above_the_maximum_ends_the_standbys_share_of_the_cycle() {
+        let (mut syncer, metrics) = syncer();
+        assert_eq!(
+            syncer.cfg.max_replay_lag,
+            Some(16 << 20),
+            "the default, 16MB"
+        );
+        let mut report = report_of_the_standby();
+        let batch = |lag| PrewarmResult {
+            requested: 4,
+            loaded: 4,
+            replay_lag: lag,
+            ..Default::default()
+        };
+        let mut outcome = |lag, report: &mut CycleReport| {
+            syncer
+                .prewarm_outcome(0, 4, Tier::Hot, Ok((true, batch(lag))), report)
+                .unwrap()
+        };
+        assert_eq!(
+            outcome(Some(16 << 20), &mut report),
+            Flow::Next,
+            "at the maximum"
+        );
+        assert_eq!(
+            outcome(None, &mut report),
+            Flow::Next,
+            "not streaming: nothing to compare"
+        );
+        assert_eq!(outcome(Some((16 << 20) + 1), &mut report), Flow::EndCycle);
+        // What it loaded counts; the cycle is cut short, as by a recovery conflict.
+        assert_eq!(report.standbys[0].loaded, 12);
+        assert!(report.standbys[0].replay_paused && report.interrupted());
+        assert_eq!(metric(&metrics, "ccm_agent_replay_lag_pauses_total"), 1.0);
+        let mut next = report_of_the_standby();
+        assert_eq!(outcome(Some(4096), &mut next), Flow::Next);
+        assert!(!next.interrupted());
     }
 
     #[test]
