@@ -863,15 +863,26 @@ impl Syncer {
                 Err(e) => self.standby_trouble(*i, &e),
             }
         }
-        // (5) Room left: colder blocks for the standbys that hold their whole part of the
-        // hot set.
+        // (5) Room left: colder blocks for the standbys that loaded their hot blocks, in what
+        // is left of the interval, so that the next cycle's hot blocks never wait for them.
+        let fill_until = started + self.cfg.interval;
         if self.cfg.fill_room {
             for (i, filter) in &ready {
+                if Instant::now() >= fill_until {
+                    break;
+                }
                 let Some(batches) = self.fill_batches(*i, filter, &mut report).await? else {
                     continue;
                 };
                 match self
-                    .load(*i, &batches, Tier::Fill, progress, &mut report)
+                    .load(
+                        *i,
+                        &batches,
+                        Tier::Fill,
+                        Some(fill_until),
+                        progress,
+                        &mut report,
+                    )
                     .await
                 {
                     Ok(()) => {}
@@ -1005,24 +1016,32 @@ impl Syncer {
             return Ok(());
         }
         let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
-        self.load(i, &batches, Tier::Hot, progress, report).await
+        self.load(i, &batches, Tier::Hot, None, progress, report)
+            .await
     }
 
     /// Step (4): standby `i` reads `batches`, one short ccm_prewarm call each, until a
-    /// recovery conflict ends its share of the cycle.
+    /// recovery conflict or replay lag ends its share of the cycle, or `until` has passed.
     async fn load(
         &mut self,
         i: usize,
         batches: &[Vec<u8>],
         tier: Tier,
+        until: Option<Instant>,
         progress: Option<&ProgressBar>,
         report: &mut CycleReport,
     ) -> Result<(), CycleError> {
-        report.batches += batches.len();
         for batch in batches {
+            if until.is_some_and(|at| Instant::now() >= at) {
+                break;
+            }
             let blocks = decode_block_list_header(batch)
                 .map(|h| u64::from(h.blocks))
                 .map_err(|e| CycleError::Decode(format!("a batch of it: {e}")))?;
+            report.batches += 1;
+            if tier == Tier::Fill {
+                report.colder_sent += blocks;
+            }
             let result = self.standby(i).prewarm(batch).await;
             let flow = self.prewarm_outcome(i, blocks, tier, result, report)?;
             if let Some(pb) = progress {
@@ -1040,7 +1059,7 @@ impl Syncer {
     /// the primary's cached blocks it lacks below the hot set's threshold (usage count from
     /// the threshold down to 1; of the primary's as many hottest blocks as the standby has
     /// buffers), hottest first, as many as its unused buffers take less a reserve, at most
-    /// FILL_MAX_BATCHES batches. They go only into buffers nobody uses, so nothing the
+    /// FILL_MAX_BATCHES batches (fewer if the cycle's interval runs out first). They go only into buffers nobody uses, so nothing the
     /// standby caches is evicted for them, and they keep their low usage counts, so the
     /// standby's own reads and replay evict them before any hot block. None when there is
     /// nothing to fill. A failure of the primary fails the cycle, as in step (2).
@@ -1103,7 +1122,6 @@ impl Syncer {
             take,
             "filling the standby's unused buffers with colder blocks"
         );
-        report.colder_sent += take as u64;
         Ok(Some(list.hottest_batches(batch, take)))
     }
 
