@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from common import Sampler, percentile, say  # noqa: E402  (bench/common.py)
+from common import Sampler, percentile, say, server_settings  # noqa: E402  (bench/common.py)
 from harness import block_list  # noqa: E402
 from steady import add_steady_arguments, bench_steady  # noqa: E402  (bench/steady.py)
 from harness.agent import AgentProcess  # noqa: E402
@@ -676,10 +676,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a server setting for every node of every section (repeatable), e.g. maintenance_io_concurrency=64")
     args = parser.parse_args()
-    try:
-        args.set = {name.strip(): f"'{value.strip()}'" for name, value in (item.split("=", 1) for item in args.set)}
-    except ValueError:
-        parser.error("--set: expected NAME=VALUE")
+    args.set = server_settings(parser, args.set)
     only = set(args.only.split(","))
     if only - set(SECTIONS):
         parser.error(f"--only: unknown section(s) {','.join(sorted(only - set(SECTIONS)))}; choose among {','.join(SECTIONS)}")

@@ -24,6 +24,15 @@ def percentile(values: list[float], p: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def server_settings(parser, items: list[str]) -> dict[str, str]:
+    """The --set NAME=VALUE options as postgresql.conf settings (values quoted); a malformed
+    one is the parser's error."""
+    try:
+        return {name.strip(): f"'{value.strip()}'" for name, value in (item.split("=", 1) for item in items)}
+    except ValueError:
+        parser.error("--set: expected NAME=VALUE")
+
+
 class Sampler:
     """Calls `sample()` every `interval` seconds, on a fixed schedule, in a thread, while the
     `with` block runs; an error in the thread is raised again when the block ends. Subclasses

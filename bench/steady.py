@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from common import Sampler, percentile, say  # noqa: E402  (bench/common.py, next to this file)
+from common import Sampler, percentile, say, server_settings  # noqa: E402  (bench/common.py, next to this file)
 from harness.agent import AgentProcess  # noqa: E402
 from harness.cluster import (Cluster, Node, PgVersionError, pg_bin, pg_version_text,  # noqa: E402
                              resolve_pg_versions, use_pg_version)
@@ -637,10 +637,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a server setting for both nodes (repeatable)")
     args = parser.parse_args()
-    try:
-        args.set = {name.strip(): f"'{value.strip()}'" for name, value in (item.split("=", 1) for item in args.set)}
-    except ValueError:
-        parser.error("--set: expected NAME=VALUE")
+    args.set = server_settings(parser, args.set)
     try:
         parse_sizes(args.steady_sizes)
         versions = resolve_pg_versions(args.pg)
