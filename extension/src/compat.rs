@@ -345,3 +345,42 @@ pub fn wal_flush_position() -> (u64, u32) {
 pub fn replication_slot_control_lock() -> *mut pg_sys::LWLock {
     unsafe { std::ptr::addr_of_mut!((*pg_sys::MainLWLockArray.add(37)).lock) }
 }
+
+/// The buffer tag of a block address (`InitBufferTag()`, a static inline function).
+#[cfg(feature = "pg15")]
+pub fn buffer_tag(addr: &BlockAddress) -> pg_sys::BufferTag {
+    pg_sys::BufferTag {
+        rnode: pg_sys::RelFileNode {
+            spcNode: pg_sys::Oid::from_u32(addr.spc),
+            dbNode: pg_sys::Oid::from_u32(addr.db),
+            relNode: pg_sys::Oid::from_u32(addr.rel),
+        },
+        forkNum: pg_sys::ForkNumber::Type::from(addr.fork),
+        blockNum: addr.block,
+    }
+}
+
+/// The buffer tag of a block address (`InitBufferTag()`, a static inline function).
+#[cfg(not(feature = "pg15"))]
+pub fn buffer_tag(addr: &BlockAddress) -> pg_sys::BufferTag {
+    pg_sys::BufferTag {
+        spcOid: pg_sys::Oid::from_u32(addr.spc),
+        dbOid: pg_sys::Oid::from_u32(addr.db),
+        relNumber: pg_sys::Oid::from_u32(addr.rel),
+        forkNum: pg_sys::ForkNumber::Type::from(addr.fork),
+        blockNum: addr.block,
+    }
+}
+
+/// `BufMappingPartitionLock(hashcode)`, a macro over `MainLWLockArray`: the buffer mapping
+/// partitions start at BUFFER_MAPPING_LWLOCK_OFFSET in 15 to 18 (storage/lwlock.h).
+pub fn buffer_mapping_lock(hashcode: u32) -> *mut pg_sys::LWLock {
+    let index = pg_sys::BUFFER_MAPPING_LWLOCK_OFFSET + hashcode % pg_sys::NUM_BUFFER_PARTITIONS;
+    unsafe { std::ptr::addr_of_mut!((*pg_sys::MainLWLockArray.add(index as usize)).lock) }
+}
+
+/// `AddinShmemInitLock`, a macro over `MainLWLockArray` (index 21 in 15 to 18:
+/// storage/lwlocknames.h), as pgrx's own shared memory initialization uses it.
+pub fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
+    unsafe { std::ptr::addr_of_mut!((*pg_sys::MainLWLockArray.add(21)).lock) }
+}

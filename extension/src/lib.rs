@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 mod block_list;
 mod buffers;
 mod catalog_oid;
+mod changes;
 mod compat;
 mod errors;
 mod failpoints;
@@ -40,6 +41,7 @@ pub extern "C-unwind" fn _PG_init() {
     failpoints::init();
     gucs::init();
     shmem::init();
+    changes::init();
     wal_cache::init();
 }
 
@@ -112,6 +114,7 @@ REVOKE ALL ON FUNCTION ccm_hot_buffers(bytea, int4) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_buffer_filter(float8) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_hot_blocks(bytea, int8, int4) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_hot_blocks_each(bytea[], int8[], int4) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_buffer_changes(int8, int8, int4, int8, bytea) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_wal_source() FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_prewarm(bytea) FROM PUBLIC;
 REVOKE ALL ON FUNCTION aurora_stat_logical_wal_cache() FROM PUBLIC;
@@ -128,6 +131,7 @@ GRANT EXECUTE ON FUNCTION ccm_hot_buffers(bytea, int4) TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_buffer_filter(float8) TO ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_hot_blocks(bytea, int8, int4) TO ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_hot_blocks_each(bytea[], int8[], int4) TO ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_buffer_changes(int8, int8, int4, int8, bytea) TO ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_wal_source() TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_prewarm(bytea) TO ccm_agent;
 GRANT EXECUTE ON FUNCTION aurora_stat_logical_wal_cache() TO pg_monitor, ccm_agent;

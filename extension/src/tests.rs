@@ -328,6 +328,126 @@ mod tests {
         Spi::run("SELECT * FROM aurora_ccm_status()").unwrap();
     }
 
+    /// One answer of ccm_buffer_changes().
+    struct FeedAnswer {
+        seq: i64,
+        reset_reason: Option<String>,
+        buffers: i64,
+        sweeps: i64,
+        visited: i64,
+        added: Vec<HotBlock>,
+        removed: Vec<HotBlock>,
+        present: Option<Vec<HotBlock>>,
+    }
+
+    fn decoded(list: Option<Vec<u8>>) -> Option<Vec<HotBlock>> {
+        list.map(|bytes| ccm_codec::BlockList::decode(&bytes).unwrap().iter().collect())
+    }
+
+    fn feed(subscriber: i64, after: i64, threshold: i32, max_buffers: Option<i64>, probe: Option<Vec<u8>>) -> FeedAnswer {
+        Spi::connect(|client| {
+            let table = client
+                .select(
+                    "SELECT seq, reset, reset_reason, buffers, sweeps, visited, added, removed, present \
+                     FROM ccm_buffer_changes($1, $2, $3, $4, $5)",
+                    None,
+                    &[subscriber.into(), after.into(), threshold.into(), max_buffers.into(), probe.into()],
+                )
+                .unwrap();
+            let row = table.first();
+            let reset: bool = row.get(2).unwrap().unwrap();
+            let reset_reason: Option<String> = row.get(3).unwrap();
+            assert_eq!(reset, reset_reason.is_some(), "a reset says why, and only a reset");
+            FeedAnswer {
+                seq: row.get(1).unwrap().unwrap(),
+                reset_reason,
+                buffers: row.get(4).unwrap().unwrap(),
+                sweeps: row.get(5).unwrap().unwrap(),
+                visited: row.get(6).unwrap().unwrap(),
+                added: decoded(row.get(7).unwrap()).unwrap(),
+                removed: decoded(row.get(8).unwrap()).unwrap(),
+                present: decoded(row.get(9).unwrap()),
+            }
+        })
+    }
+
+    fn blocks_of(list: &[HotBlock], rel: RelFork) -> Vec<u32> {
+        list.iter().filter(|b| b.addr.rel_fork() == rel).map(|b| b.addr.block).collect()
+    }
+
+    /// The whole life of a feed, in one test: tests run in parallel sessions of one server,
+    /// and two subscribers would reset each other.
+    #[pg_test]
+    fn change_feed_reports_what_changed() {
+        let me = 0x5eed_0001;
+        let first = feed(me, 0, -1, None, None);
+        assert_eq!(first.reset_reason.as_deref(), Some("new subscriber"));
+        assert_eq!(first.visited, first.buffers, "no max_buffers: one whole sweep");
+        assert_eq!(first.sweeps, 1);
+
+        // A new table's pages are cached: the next sweep adds them, and the probe (answered
+        // after the sweep) finds them reported; a block past its end is not held.
+        let (rel, blocks) = cached_table("feed_probe");
+        assert!(blocks > 10);
+        let probe = list_of(rel, 0..=blocks, 1);
+        let second = feed(me, first.seq, -1, None, Some(probe.clone()));
+        assert_eq!(second.reset_reason, None);
+        assert_eq!(blocks_of(&second.added, rel), (0..blocks).collect::<Vec<_>>());
+        assert_eq!(blocks_of(second.present.as_ref().unwrap(), rel), (0..blocks).collect::<Vec<_>>());
+
+        // Nothing changed for them: not added again.
+        let third = feed(me, second.seq, -1, None, None);
+        assert!(blocks_of(&third.added, rel).is_empty());
+        assert_eq!(third.present, None);
+
+        // TRUNCATE of a table created in this transaction drops its buffers at once
+        // (DropRelationBuffers): the next sweep reports them removed, and the probe no
+        // longer finds them.
+        Spi::run("TRUNCATE feed_probe").unwrap();
+        let fourth = feed(me, third.seq, -1, None, Some(probe));
+        assert_eq!(blocks_of(&fourth.removed, rel), (0..blocks).collect::<Vec<_>>());
+        assert!(blocks_of(fourth.present.as_ref().unwrap(), rel).is_empty());
+
+        // An answer the caller did not apply (it passes an older seq): start over.
+        let stale = feed(me, third.seq, -1, None, None);
+        assert_eq!(stale.reset_reason.as_deref(), Some("sequence mismatch"));
+        assert!(stale.seq > fourth.seq, "seqs are never reused");
+
+        // A bounded sweep: half the buffers per call, a full sweep every second call.
+        let half = stale.buffers / 2;
+        let reset = feed(me, stale.seq + 1, -1, Some(half), None);
+        assert_eq!(reset.reset_reason.as_deref(), Some("sequence mismatch"));
+        assert_eq!((reset.visited, reset.sweeps), (half, 0));
+        let rest = feed(me, reset.seq, -1, Some(stale.buffers - half), None);
+        assert_eq!((rest.visited, rest.sweeps), (stale.buffers - half, 1));
+
+        // Another threshold, another subscriber: start over.
+        let hot = feed(me, rest.seq, 0, Some(0), None);
+        assert_eq!(hot.reset_reason.as_deref(), Some("threshold changed"));
+        let other = feed(me + 1, hot.seq, 0, Some(0), None);
+        assert_eq!(other.reset_reason.as_deref(), Some("new subscriber"));
+    }
+
+    #[pg_test(error = "invalid subscriber: 0")]
+    fn change_feed_wants_a_subscriber() {
+        Spi::run("SELECT ccm_buffer_changes(0, 0)").unwrap();
+    }
+
+    #[pg_test(error = "invalid max_buffers: -1")]
+    fn change_feed_rejects_a_negative_budget() {
+        Spi::run("SELECT ccm_buffer_changes(1, 0, -1, -1)").unwrap();
+    }
+
+    #[pg_test(error = "invalid usage_threshold: -2")]
+    fn change_feed_rejects_a_bad_threshold() {
+        Spi::run("SELECT ccm_buffer_changes(1, 0, -2)").unwrap();
+    }
+
+    #[pg_test(error = "invalid pg_ccm block list")]
+    fn change_feed_rejects_a_corrupt_probe() {
+        Spi::run("SELECT ccm_buffer_changes(1, 0, -1, 0, '\\x43434d4201'::bytea)").unwrap();
+    }
+
     #[pg_test]
     fn monitor_and_agent_roles_get_their_functions() {
         Spi::run("CREATE ROLE ccm_test_monitor IN ROLE pg_monitor").unwrap();
@@ -345,12 +465,14 @@ mod tests {
         assert!(!allowed("ccm_test_monitor", "ccm_hot_blocks(bytea, int8, int4)"));
         assert!(allowed("ccm_test_monitor", "ccm_wal_source()"));
         assert!(!allowed("ccm_test_monitor", "ccm_hot_blocks_each(bytea[], int8[], int4)"));
+        assert!(!allowed("ccm_test_monitor", "ccm_buffer_changes(int8, int8, int4, int8, bytea)"));
         for function in [
             "ccm_buffer_filter(float8)",
             "ccm_hot_blocks(bytea, int8, int4)",
             "ccm_hot_blocks_each(bytea[], int8[], int4)",
             "ccm_wal_source()",
             "ccm_prewarm(bytea)",
+            "ccm_buffer_changes(int8, int8, int4, int8, bytea)",
             "aurora_ccm_status()",
         ] {
             assert!(allowed("ccm_test_agent", function), "{function}");
