@@ -390,7 +390,12 @@ mod tests {
         let (rel, blocks) = cached_table("feed_probe");
         assert!(blocks > 10);
         let probe = list_of(rel, 0..=blocks, 1);
-        let second = feed(me, first.seq, -1, None, Some(probe.clone()));
+        // Cached but not yet swept (max_buffers 0): not confirmed, since nothing would
+        // report its eviction.
+        let unswept = feed(me, first.seq, -1, Some(0), Some(probe.clone()));
+        assert_eq!((unswept.reset_reason.as_deref(), unswept.visited), (None, 0));
+        assert!(blocks_of(unswept.present.as_ref().unwrap(), rel).is_empty());
+        let second = feed(me, unswept.seq, -1, None, Some(probe.clone()));
         assert_eq!(second.reset_reason, None);
         assert_eq!(blocks_of(&second.added, rel), (0..blocks).collect::<Vec<_>>());
         assert_eq!(blocks_of(second.present.as_ref().unwrap(), rel), (0..blocks).collect::<Vec<_>>());

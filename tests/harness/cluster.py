@@ -370,6 +370,19 @@ def coverage(primary: Node, standby: Node, threshold: int = 3) -> tuple[float, i
     return len(hot & cached) / len(hot), len(hot)
 
 
+def make_table(node: Node, name: str, megabytes: int) -> None:
+    """A table of about `megabytes` MB (36 rows of 200 bytes per 8 kB page)."""
+    rows = megabytes * 128 * 36
+    node.sql(f"CREATE TABLE {name} AS SELECT g AS id, repeat('x', 200) AS pad FROM generate_series(1, {rows}) g")
+
+
+def read(node: Node, table: str, times: int = 1) -> None:
+    """Sequential scans of `table`: a table under a quarter of shared_buffers is cached in
+    ordinary buffers (one usage count per scan), a larger one only in a 256 kB ring."""
+    for _ in range(times):
+        node.sql(f"SELECT count(*) FROM {table}")
+
+
 def multi_host_conninfo(nodes: Sequence[Node], **extra: Any) -> str:
     """Several nodes in one libpq multi-host string, in the order given (user postgres,
     dbname postgres, then `extra`, e.g. target_session_attrs)."""

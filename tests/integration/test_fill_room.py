@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from harness.agent import AgentProcess
-from harness.cluster import Cluster, coverage
+from harness.cluster import Cluster, coverage, make_table, read
 
 # Each table stays under a quarter of shared_buffers, so that a sequential scan caches it
 # in ordinary buffers (usage 1) instead of a 256 kB ring.
@@ -23,17 +23,6 @@ HOT_MB = 4
 STANDBY_OWN_MB = 22
 # The agent leaves 1/64 of the buffers unused (sync.rs FILL_RESERVE_DIVISOR).
 RESERVE_DIVISOR = 64
-
-
-def make_table(node, name: str, megabytes: int) -> None:
-    # About 36 rows of 200 bytes per 8 kB page.
-    rows = megabytes * 128 * 36
-    node.sql(f"CREATE TABLE {name} AS SELECT g AS id, repeat('x', 200) AS pad FROM generate_series(1, {rows}) g")
-
-
-def read(node, table: str, times: int = 1) -> None:
-    for _ in range(times):
-        node.sql(f"SELECT count(*) FROM {table}")
 
 
 def blocks_of(node, table: str) -> set:
