@@ -110,6 +110,10 @@ config_keys! {
     /// colder blocks (usage count from the threshold down to 1, hottest first), as many as its
     /// unused buffers take; it never evicts anything for them.
     fill_room: bool [env = "CCM_FILL_ROOM", value_name = "BOOL"] = true,
+    /// With extension 0.5.0 on every node, move only what changed each cycle (the nodes'
+    /// change feeds) instead of a bloom filter of all of a standby's buffers; false keeps the
+    /// full filter exchange of earlier versions.
+    change_feed: bool [env = "CCM_CHANGE_FEED", value_name = "BOOL"] = true,
     /// A standby's replay lag (WAL received but not yet replayed) above which warming it
     /// pauses for the rest of the cycle (one batch per cycle while it lasts), or "off".
     max_replay_lag: String [env = "CCM_MAX_REPLAY_LAG", value_name = "SIZE"] = "16MB",
@@ -225,6 +229,7 @@ pub struct Config {
     pub log_level: String,
     pub false_positive_rate: f64,
     pub fill_room: bool,
+    pub change_feed: bool,
     /// In bytes; None: off.
     pub max_replay_lag: Option<u64>,
     pub batch_blocks: u64,
@@ -347,6 +352,7 @@ impl Config {
             log_level,
             false_positive_rate,
             fill_room: value!(fill_room),
+            change_feed: value!(change_feed),
             max_replay_lag: size("max_replay_lag", &value!(max_replay_lag))?,
             batch_blocks,
             connect_timeout,
@@ -373,6 +379,7 @@ impl Config {
             log_level: Some(self.log_level.clone()),
             false_positive_rate: Some(self.false_positive_rate),
             fill_room: Some(self.fill_room),
+            change_feed: Some(self.change_feed),
             max_replay_lag: Some(
                 self.max_replay_lag
                     .map_or_else(|| "off".to_string(), format_size),
@@ -930,6 +937,7 @@ mod tests {
             log_level: Some("info,ccm_agent=debug".into()),
             false_positive_rate: Some(0.05),
             fill_room: Some(false),
+            change_feed: Some(false),
             max_replay_lag: Some("64MB".into()),
             batch_blocks: Some(100),
             connect_timeout: Some("3s".into()),

@@ -8,6 +8,7 @@ mod backoff;
 mod cli;
 mod config;
 mod conninfo;
+mod feed;
 mod metrics;
 mod node;
 mod notify;

@@ -95,6 +95,7 @@ pub struct Metrics {
     standby_coverage: Family<NodeLabels, FloatGauge>,
     standby_missing: Family<NodeLabels, Gauge>,
     standby_loaded: Family<NodeLabels, Counter>,
+    feed_resets: Family<NodeLabels, Counter>,
     standby_priority: Family<NodeLabels, Gauge>,
     /// Standby names with series, so that members that left lose theirs.
     standby_names: std::sync::Mutex<Vec<String>>,
@@ -162,6 +163,7 @@ impl Metrics {
             standby_coverage: Family::default(),
             standby_missing: Family::default(),
             standby_loaded: Family::default(),
+            feed_resets: Family::default(),
             standby_priority: Family::default(),
             standby_names: std::sync::Mutex::default(),
             readiness: Readiness::default(),
@@ -287,6 +289,11 @@ impl Metrics {
             "standby_blocks_loaded",
             "Blocks this standby read into shared_buffers",
             m.standby_loaded.clone(),
+        );
+        registry.register(
+            "feed_resets",
+            "Times this node's change feed started over (first call, restart, lost answer, another agent)",
+            m.feed_resets.clone(),
         );
         registry.register(
             "standby_rank",
@@ -469,6 +476,11 @@ impl Metrics {
         self.standby_missing
             .get_or_create(&label)
             .set(saturating_i64(missing));
+    }
+
+    /// The change feed of node `name` (a standby's name, or "primary") started over.
+    pub fn feed_reset(&self, name: &str) {
+        self.feed_resets.get_or_create(&node_label(name)).inc();
     }
 
     pub fn standby_loaded(&self, name: &str, blocks: u64) {

@@ -30,7 +30,10 @@ use tokio_postgres::{AsyncMessage, Client, Connection, Row, Socket, Statement};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use ccm_codec::BlockList;
+
 use crate::conninfo::{ConnInfo, HostSpec};
+use crate::feed::FeedAnswer;
 use crate::tls::{Failure, MakeTls, SslMode, TlsStream};
 
 pub const APPLICATION_NAME: &str = "ccm-agent";
@@ -385,6 +388,8 @@ pub struct WalCacheSlot {
 const WAL_CACHE_SINCE: (u32, u32) = (0, 2);
 /// The first with ccm_hot_blocks_each() (one scan for several standbys) and ccm_wal_source().
 const MULTI_STANDBY_SINCE: (u32, u32) = (0, 4);
+/// The first with ccm_buffer_changes() (the change feed).
+pub const CHANGE_FEED_SINCE: (u32, u32) = (0, 5);
 
 fn at_least(extension_version: Option<&str>, since: (u32, u32)) -> bool {
     let Some(version) = extension_version else {
@@ -412,6 +417,9 @@ const SQL_CACHED_BLOCKS: &str =
     "SELECT pg_is_in_recovery(), ccm_hot_blocks($1::bytea, $2::int8, 0)";
 const SQL_HOT_BLOCKS_EACH: &str =
     "SELECT pg_is_in_recovery(), ccm_hot_blocks_each($1::bytea[], $2::int8[])";
+const SQL_CHANGES: &str = "SELECT pg_is_in_recovery(), c.seq, c.reset, c.reset_reason, c.buffers, \
+     c.tracked, c.sweeps, c.visited, c.added, c.removed, c.present \
+     FROM ccm_buffer_changes($1::int8, $2::int8, $3::int4, $4::int8, $5::bytea) c";
 const SQL_WAL_SOURCE: &str =
     "SELECT in_recovery, timeline, sender_host, sender_port FROM ccm_wal_source()";
 /// pg_is_in_recovery() is evaluated after ccm_prewarm (it is in the target list of the row
@@ -453,6 +461,9 @@ pub struct Node {
     cancel: CancellationToken,
     /// Prepared once per session: the loop runs the same few statements every second.
     statements: HashMap<&'static str, Statement>,
+    /// The seq of the last change-feed answer applied from this session (0: none yet). A new
+    /// session starts at 0, so its first call resets the node's feed.
+    pub feed_after: i64,
 }
 
 impl fmt::Debug for Node {
@@ -705,6 +716,7 @@ impl Node {
             options,
             cancel: cancel.clone(),
             statements: HashMap::new(),
+            feed_after: 0,
         };
         // One statement, so no implicit transaction block; values are integers we format.
         let setup = format!(
@@ -912,6 +924,52 @@ impl Node {
             });
         }
         Ok((col.get(0)?, lists))
+    }
+
+    /// Whether the installed extension has the change feed (ccm_buffer_changes).
+    pub fn has_change_feed(&self) -> bool {
+        at_least(self.facts.extension_version.as_deref(), CHANGE_FEED_SINCE)
+    }
+
+    /// The change feed's next answer for `subscriber`, with the recovery state at the same
+    /// instant. The session's cursor (`feed_after`) is not advanced here: the caller applies
+    /// the answer, then advances it.
+    pub async fn buffer_changes(
+        &mut self,
+        subscriber: i64,
+        usage_threshold: Option<i32>,
+        max_buffers: i64,
+        probe: Option<&[u8]>,
+    ) -> Result<(bool, FeedAnswer), NodeError> {
+        const WHAT: &str = "ccm_buffer_changes()";
+        let after = self.feed_after;
+        let row = self
+            .query_one(
+                WHAT,
+                SQL_CHANGES,
+                &[&subscriber, &after, &usage_threshold, &max_buffers, &probe],
+            )
+            .await?;
+        let col = Columns::new(self, WHAT, &row);
+        let buffers: i64 = col.get(4)?;
+        let limit = u64::try_from(buffers).unwrap_or(0);
+        let list = |bytes: Vec<u8>| {
+            BlockList::decode_bounded(&bytes, limit)
+                .map_err(|e| col.unexpected(format!("a block list: {e}")))
+        };
+        let present: Option<Vec<u8>> = col.get(10)?;
+        let answer = FeedAnswer {
+            seq: col.get(1)?,
+            reset: col.get(2)?,
+            reset_reason: col.get(3)?,
+            tracked: col.get(5)?,
+            sweeps: col.get(6)?,
+            visited: col.get(7)?,
+            added: list(col.get(8)?)?,
+            removed: list(col.get(9)?)?,
+            present: present.map(list).transpose()?,
+        };
+        Ok((col.get(0)?, answer))
     }
 
     /// Where this node's WAL comes from: the timeline it writes (a primary) or streams (a

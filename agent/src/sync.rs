@@ -9,6 +9,12 @@
 //! (5) with `fill_room`, for a standby that loaded its whole list and has unused buffers
 //! left: the primary's colder cached blocks it lacks, hottest first, as many as those
 //! buffers take (a second scan, made only while there is such room).
+//! With extension 0.5.0 on the nodes (and `change_feed`, the default), steps (1) and (2) are
+//! the nodes' change feeds instead (feed.rs): each standby's `ccm_buffer_changes()` reports
+//! what it cached and evicted since the last cycle and confirms the blocks sent to it, the
+//! primary's reports what entered and left its hot set, and each standby is sent the hot
+//! blocks the mirror says it lacks. A steady cycle then moves what changed, not a filter of
+//! all of a standby's buffers; `sync --once` and older extensions use the filter exchange.
 //! Short calls keep each statement on a standby brief, so a recovery conflict never waits
 //! on us for long, and the hottest blocks land first if the cycle is cut short.
 //!
@@ -41,6 +47,7 @@ use tracing::{debug, error, info, warn};
 use crate::backoff::Backoff;
 use crate::config::{format_duration, Config};
 use crate::conninfo::{ConnInfo, HostSpec};
+use crate::feed::{self, FeedAnswer, Mirror};
 use crate::metrics::{coverage, saturating_i64, Metrics, Stage};
 use crate::node::{
     self, ConnectOptions, ErrorClass, Node, NodeError, PrewarmResult, Side, WalSource,
@@ -49,6 +56,9 @@ use crate::notify;
 use crate::topology::{self, Target};
 
 /// The longest wait before asking a host that was not in recovery again.
+/// A standby's change feed: every cached block is in its set.
+const EVERY_CACHED_BLOCK: i32 = -1;
+
 const NOT_A_STANDBY_RECHECK: Duration = Duration::from_secs(10);
 
 /// fill_room leaves this share of a standby's buffers unused (1/64), for replay and the
@@ -236,6 +246,8 @@ struct Standby {
     fill_idle_until: Option<Instant>,
     /// Its warming waits for replay (max_replay_lag): logged once, when it starts.
     replay_behind: bool,
+    /// Blocks its change feed holds as cached (feed mode), for fill_room's room.
+    feed_tracked: Option<u64>,
 }
 
 impl Standby {
@@ -250,6 +262,7 @@ impl Standby {
             verified: false,
             fill_idle_until: None,
             replay_behind: false,
+            feed_tracked: None,
         }
     }
 
@@ -317,10 +330,18 @@ pub struct Syncer {
     excluded: Vec<(String, String)>,
     /// Whether "CCM is disabled" was already logged (it is logged once per episode).
     disabled_logged: bool,
+    /// The change feeds' mirror (feed.rs) and this agent's subscriber id on every node.
+    mirror: Mirror,
+    subscriber: i64,
+    /// Use the change feed where every node has it (config change_feed; not for sync --once).
+    feed_wanted: bool,
+    /// "predates the change feed" was logged for this extension version.
+    feed_absent_logged: Option<String>,
 }
 
 impl Syncer {
     pub fn new(cfg: Arc<Config>, metrics: Arc<Metrics>, cancel: CancellationToken) -> Self {
+        let cfg_change_feed = cfg.change_feed;
         Syncer {
             cfg,
             metrics,
@@ -334,6 +355,10 @@ impl Syncer {
             standbys: Vec::new(),
             excluded: Vec::new(),
             disabled_logged: false,
+            mirror: Mirror::default(),
+            subscriber: feed::new_subscriber(),
+            feed_wanted: cfg_change_feed,
+            feed_absent_logged: None,
         }
     }
 
@@ -724,6 +749,7 @@ impl Syncer {
     async fn standby_filter(
         &mut self,
         i: usize,
+        feed: bool,
         report: &mut CycleReport,
     ) -> Result<Ready, CycleError> {
         if self.standbys[i]
@@ -743,6 +769,9 @@ impl Syncer {
             return Ok(Ready::Pass);
         }
         self.check_source(i).await?;
+        if feed {
+            return self.standby_feed(i, report).await;
+        }
         let fpr = self.cfg.false_positive_rate;
         let result = self.standby(i).buffer_filter(fpr).await;
         if let Err(error) = &result {
@@ -760,6 +789,83 @@ impl Syncer {
             .filter_bytes
             .set(saturating_i64(filter.len() as u64));
         Ok(Ready::Filter(filter))
+    }
+
+    /// Step (1) in feed mode for standby `i`: its change feed's answer (with the probe of
+    /// the blocks sent to it and not yet confirmed), applied to the mirror. `Ready::Filter`
+    /// carries no filter then: fill_room asks for one only when the standby has room.
+    async fn standby_feed(
+        &mut self,
+        i: usize,
+        report: &mut CycleReport,
+    ) -> Result<Ready, CycleError> {
+        let name = self.standbys[i].name.clone();
+        let probe = self.mirror.probe(&name);
+        let budget = feed::sweep_budget(self.standby(i).facts.shared_buffers);
+        let subscriber = self.subscriber;
+        let result = self
+            .standby(i)
+            .buffer_changes(
+                subscriber,
+                Some(EVERY_CACHED_BLOCK),
+                budget,
+                probe.as_deref(),
+            )
+            .await;
+        if let Err(error) = &result {
+            if error.class() == ErrorClass::RecoveryConflict {
+                self.recovery_conflict(i, error, report);
+                return Ok(Ready::Pass);
+            }
+        }
+        let (in_recovery, answer) = self.call(Who::Standby(i), Stage::Filter, result)?;
+        if !in_recovery {
+            return Err(self.promoted(i));
+        }
+        self.note_feed_reset(&name, &answer);
+        self.mirror.apply_standby(&name, &answer);
+        self.standby(i).feed_after = answer.seq;
+        self.standbys[i].feed_tracked = u64::try_from(answer.tracked).ok();
+        report.filter_bytes += probe.map_or(0, |p| p.len()) + answer_bytes(&answer);
+        Ok(Ready::Filter(Vec::new()))
+    }
+
+    /// Logs (once per reset) and counts a node's feed starting over.
+    fn note_feed_reset(&self, node: &str, answer: &FeedAnswer) {
+        if answer.reset {
+            self.metrics.feed_reset(node);
+            info!(
+                node = %node,
+                reason = answer.reset_reason.as_deref().unwrap_or("?"),
+                "the change feed of {node} starts over ({}): its blocks are listed again",
+                answer.reset_reason.as_deref().unwrap_or("?")
+            );
+        }
+    }
+
+    /// Whether this cycle uses the change feed: wanted, and the extension has it (the
+    /// catalog's version, the same on every node of a cluster). Said once per version when not.
+    fn feed_mode(&mut self) -> bool {
+        if !self.feed_wanted {
+            return false;
+        }
+        let primary = self.primary.as_ref().expect("connected by ensure_primary");
+        if primary.has_change_feed() {
+            return true;
+        }
+        let version = primary
+            .facts
+            .extension_version
+            .clone()
+            .unwrap_or_else(|| "?".into());
+        if self.feed_absent_logged.as_deref() != Some(version.as_str()) {
+            info!(
+                "extension {version} on {} predates the change feed (0.5.0); using the full filter exchange",
+                primary.label()
+            );
+            self.feed_absent_logged = Some(version);
+        }
+        false
     }
 
     /// A standby's trouble while the cycle goes on with others: logged when it starts,
@@ -805,10 +911,11 @@ impl Syncer {
         let mut report = CycleReport::default();
 
         // (1) What each standby already caches.
+        let feed = self.feed_mode();
         let mut ready: Vec<(usize, Vec<u8>)> = Vec::new();
         let mut troubles: Vec<(usize, CycleError)> = Vec::new();
         for i in 0..self.standbys.len() {
-            match self.standby_filter(i, &mut report).await {
+            match self.standby_filter(i, feed, &mut report).await {
                 Ok(Ready::Filter(filter)) => ready.push((i, filter)),
                 Ok(Ready::Pass) => {}
                 Err(CycleError::Cancelled) => return Err(CycleError::Cancelled),
@@ -839,7 +946,12 @@ impl Syncer {
         }
 
         // (2) One scan of the primary: per standby, what it lacks, at most what it holds.
-        let lists = self.hot_lists(&ready).await?;
+        let lists = if feed {
+            self.primary_feed(&mut report).await?;
+            Vec::new()
+        } else {
+            self.hot_lists(&ready).await?
+        };
         // Every node answered the CCM calls, so CCM is on again if it was off.
         self.mark_enabled();
 
@@ -852,8 +964,22 @@ impl Syncer {
         }
 
         // (3), (4) Standby after standby, in the warming order.
-        for ((i, _), list) in ready.iter().zip(lists) {
-            match self.warm(*i, &list, progress, &mut report).await {
+        let warmed: Vec<_> = if feed {
+            ready.iter().map(|(i, _)| (*i, None)).collect()
+        } else {
+            ready
+                .iter()
+                .zip(lists)
+                .map(|((i, _), list)| (*i, Some(list)))
+                .collect()
+        };
+        for (i, list) in warmed {
+            let i = &i;
+            let result = match list {
+                Some(list) => self.warm(*i, &list, progress, &mut report).await,
+                None => self.warm_feed(*i, progress, &mut report).await,
+            };
+            match result {
                 Ok(()) => self.standby_fine(*i),
                 Err(
                     e @ (CycleError::Cancelled
@@ -871,6 +997,25 @@ impl Syncer {
                 if Instant::now() >= fill_until {
                     break;
                 }
+                let fetched;
+                let filter = if feed {
+                    match self.fill_filter(*i, &report).await {
+                        Ok(Some(f)) => {
+                            fetched = f;
+                            &fetched
+                        }
+                        Ok(None) => continue,
+                        Err(e @ (CycleError::Cancelled | CycleError::Disabled { .. })) => {
+                            return Err(e)
+                        }
+                        Err(e) => {
+                            self.standby_trouble(*i, &e);
+                            continue;
+                        }
+                    }
+                } else {
+                    filter
+                };
                 let Some(batches) = self.fill_batches(*i, filter, &mut report).await? else {
                     continue;
                 };
@@ -977,6 +1122,109 @@ impl Syncer {
             .block_list_bytes
             .set(saturating_i64(bytes as u64));
         Ok(lists)
+    }
+
+    /// Step (2) in feed mode: the primary's change feed, applied to the mirror.
+    async fn primary_feed(&mut self, report: &mut CycleReport) -> Result<(), CycleError> {
+        let budget = feed::sweep_budget(self.primary().facts.shared_buffers);
+        let subscriber = self.subscriber;
+        let result = self
+            .primary()
+            .buffer_changes(subscriber, None, budget, None)
+            .await;
+        let (in_recovery, answer) = self.call(Who::Primary, Stage::HotBlocks, result)?;
+        if in_recovery {
+            return Err(self.primary_demoted());
+        }
+        self.note_feed_reset("primary", &answer);
+        self.mirror.apply_primary(&answer);
+        self.primary().feed_after = answer.seq;
+        let names: Vec<String> = self.standbys.iter().map(|s| s.name.clone()).collect();
+        self.mirror.retain_standbys(&names);
+        report.buffers_scanned = u64::try_from(answer.visited).unwrap_or(0);
+        report.hot_buffers = self.mirror.hot_len() as u64;
+        let bytes = answer_bytes(&answer);
+        report.list_bytes += bytes;
+        self.metrics
+            .block_list_bytes
+            .set(saturating_i64(bytes as u64));
+        Ok(())
+    }
+
+    /// Steps (3) and (4) in feed mode for standby `i`: the hot blocks it lacks, hottest
+    /// first, at most its shared_buffers, loaded in batches. What is sent is probed by its
+    /// next feed call.
+    async fn warm_feed(
+        &mut self,
+        i: usize,
+        progress: Option<&ProgressBar>,
+        report: &mut CycleReport,
+    ) -> Result<(), CycleError> {
+        let room = self.standbys[i]
+            .node
+            .as_ref()
+            .map_or(1, |n| n.facts.shared_buffers.max(1));
+        let name = self.standbys[i].name.clone();
+        let hot = self.mirror.hot_len() as u64;
+        let lacking = self.mirror.lacking(&name) as u64;
+        let list = self
+            .mirror
+            .take_missing(&name, usize::try_from(room).unwrap_or(usize::MAX));
+        let sent = list.as_ref().map_or(0, |l| l.len() as u64);
+        report.sent += sent;
+        let standby = StandbyReport {
+            name,
+            hot_buffers: hot,
+            room: u64::try_from(room).unwrap_or(1),
+            sent: lacking,
+            ..Default::default()
+        };
+        self.metrics
+            .standby_scan(&standby.name, standby.hot_buffers, standby.missing());
+        report.standbys.push(standby);
+        let Some(list) = list else { return Ok(()) };
+        if let Some(pb) = progress {
+            pb.inc_length(sent);
+        }
+        let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
+        self.load(i, &batches, Tier::Hot, None, progress, report)
+            .await
+    }
+
+    /// fill_room in feed mode: standby `i`'s filter, asked for only when its feed says it has
+    /// unused buffers beyond the reserve (None otherwise).
+    async fn fill_filter(
+        &mut self,
+        i: usize,
+        report: &CycleReport,
+    ) -> Result<Option<Vec<u8>>, CycleError> {
+        let standby = &self.standbys[i];
+        let (Some(node), Some(tracked)) = (standby.node.as_ref(), standby.feed_tracked) else {
+            return Ok(None);
+        };
+        if standby
+            .fill_idle_until
+            .is_some_and(|at| Instant::now() < at)
+            || standby.retry_at.is_some()
+        {
+            return Ok(None);
+        }
+        let loaded = report
+            .standbys
+            .iter()
+            .find(|r| r.name == standby.name)
+            .map_or(0, |r| r.loaded);
+        let buffers = u64::try_from(node.facts.shared_buffers).unwrap_or(0);
+        if unused_room(buffers, tracked.saturating_add(loaded)) < FILL_MIN_BLOCKS {
+            return Ok(None);
+        }
+        let fpr = self.cfg.false_positive_rate;
+        let result = self.standby(i).buffer_filter(fpr).await;
+        let (in_recovery, filter) = self.call(Who::Standby(i), Stage::Filter, result)?;
+        if !in_recovery {
+            return Err(self.promoted(i));
+        }
+        Ok(Some(filter))
     }
 
     /// Steps (3) and (4) for standby `i`: its list decoded and loaded in batches.
@@ -1554,6 +1802,12 @@ impl SyncSummary {
     }
 }
 
+/// The lists of a feed answer, in bytes.
+fn answer_bytes(answer: &FeedAnswer) -> usize {
+    let list = |l: &BlockList| 32 + l.len() * 3;
+    list(&answer.added) + list(&answer.removed) + answer.present.as_ref().map_or(0, list)
+}
+
 /// Whether `sync --once` should run another cycle after `report`.
 fn another_cycle(report: &CycleReport) -> bool {
     // A recovery conflict cut the cycle short: what it did not send comes next cycle.
@@ -1574,6 +1828,8 @@ pub async fn sync_once(
 ) -> Result<SyncSummary, CycleError> {
     let interval = cfg.interval;
     let mut syncer = Syncer::new(cfg, metrics, cancel.clone());
+    // One whole warm-up is the filter exchange's job: no feed state to build first.
+    syncer.feed_wanted = false;
     let mut summary = SyncSummary::default();
     while summary.cycles < max_cycles {
         progress.set_message(format!("cycle {}", summary.cycles + 1));

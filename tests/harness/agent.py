@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -129,6 +130,25 @@ class AgentProcess:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read())
+
+    def wire_bytes(self, ports: set[int]) -> int:
+        """Bytes on the agent's TCP connections to the nodes listening on `ports`, both
+        directions, as the kernel counts them (`ss -tinp`: bytes_acked + bytes_received),
+        TLS and protocol framing included. Sockets closed meanwhile are not counted."""
+        out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True).stdout
+        total, ours = 0, False
+        for line in out.splitlines():
+            if not line[:1].isspace():
+                ends = [token for token in line.split() if re.fullmatch(r"\S+:\d+", token)]
+                peer = int(ends[1].rsplit(":", 1)[1]) if len(ends) >= 2 else None
+                ours = peer in ports and f"pid={self.process.pid}," in line
+                continue
+            if ours:
+                for field in ("bytes_acked", "bytes_received"):
+                    found = re.search(rf"\b{field}:(\d+)", line)
+                    total += int(found[1]) if found else 0
+                ours = False
+        return total
 
     def metric(self, name: str, default: float = 0.0) -> float:
         """A metric's value, summed over its label sets (and _total suffixes)."""
