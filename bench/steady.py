@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Steady-state cost of today's design (issue 14): what a warm standby costs per agent cycle.
+"""Steady-state cost of a warm standby per agent cycle (issue 14), for both exchanges: the change
+feed of extension 0.5.0 (the default) and the full bloom-filter exchange (--change-feed false),
+one after the other on the same cluster and load (--exchanges).
 
     python3 bench/steady.py --sizes 2GB,4GB,8GB --seconds 120 [--pg 15]
     python3 bench/ccm_bench.py --only steady ...      (the same, wired into the benchmark)
@@ -58,7 +60,10 @@ from harness.cluster import (Cluster, Node, PgVersionError, pg_bin, pg_version_t
 STEADY_OPTIONS = (
     # name, type, default, help
     ("sizes", str, "2GB,4GB,8GB", "shared_buffers of both nodes, one cluster per size, in turn (default 2GB,4GB,8GB)"),
-    ("seconds", int, 120, "length of the steady phase per size (default 120)"),
+    ("seconds", int, 120, "length of the steady phase per size and exchange (default 120)"),
+    ("exchanges", str, "feed,filter", "the agent's exchanges to measure on each cluster, in turn: feed (the change "
+                                      "feed of extension 0.5.0, --change-feed true) and filter (the full bloom-filter "
+                                      "exchange, --change-feed false) (default feed,filter)"),
     ("warmup-seconds", int, 30, "least warm-up with the load and the agent before measuring (default 30)"),
     ("warmup-timeout", int, 900, "longest wait for coverage >= 0.99; then measured anyway, with a note (default 900)"),
     ("clients", int, 2, "pgbench clients of the read-mostly load (default 2)"),
@@ -350,9 +355,10 @@ def run_probes(prober: Prober, seconds: float, interval: float, check_alive) -> 
 
 # -- one size --------------------------------------------------------------------------------
 
-def steady_size(label: str, size: int, args: argparse.Namespace) -> dict:
-    """Builds, warms and measures one cluster with shared_buffers = `size`; returns its row.
-    The cluster is destroyed on the way out."""
+def steady_size(label: str, size: int, args: argparse.Namespace) -> list[dict]:
+    """Builds and warms one cluster with shared_buffers = `size`, then measures each exchange
+    of --exchanges on it in turn (a fresh agent each); returns one row per exchange. The
+    cluster is destroyed on the way out."""
     seconds, interval = option(args, "seconds"), option(args, "probe-interval")
     probe_pages = max(1000, option(args, "probe-blocks") * (math.ceil(seconds / interval) + 10))
     settings = {"shared_buffers": f"'{label}'", "max_wal_size": f"'{max(8, 3 * size >> 30)}GB'",
@@ -379,42 +385,19 @@ def steady_size(label: str, size: int, args: argparse.Namespace) -> dict:
         prewarm(standby)
         say(f"pg_prewarm on both nodes: {time.monotonic() - started:.0f} s")
 
-        total = option(args, "warmup-timeout") + seconds + 600
+        exchanges = [e.strip() for e in option(args, "exchanges").split(",") if e.strip()]
+        total = (option(args, "warmup-timeout") + seconds + 600) * len(exchanges)
         load = start_load(primary, rows, option(args, "clients"), option(args, "rate"), option(args, "write-percent"),
                           total, cluster.base)
-        agent = AgentProcess(primary.conninfo(), standby.conninfo(), cluster.base, interval="1s").start()
-
-        def check_alive() -> None:
-            if load.poll() is not None:
-                raise RuntimeError(f"pgbench exited with {load.returncode}:\n"
-                                   f"{(cluster.base / 'steady_pgbench.log').read_text()[-3000:]}")
-            if not agent.alive():
-                raise RuntimeError(f"ccm-agent died:\n{agent.log()[-3000:]}")
-
-        warm, waited = warm_up(agent, option(args, "warmup-seconds"), option(args, "warmup-timeout"), check_alive)
-        coverage = agent.metric("ccm_agent_coverage_ratio")
-        say(f"warm-up: {waited:.0f} s, coverage {coverage:.4f}, hot set {agent.metric('ccm_agent_hot_set_blocks'):.0f} "
-            f"blocks" + ("" if warm else f" (coverage still below {WARM} after the timeout; measuring anyway)"))
-
-        sessions = {"primary": agent_sessions(primary), "standby": agent_sessions(standby)}
-        if not all(sessions.values()):
-            raise RuntimeError(f"no session named {APPLICATION_NAME} in pg_stat_activity on "
-                               + " and ".join(side for side, pids in sessions.items() if not pids))
-        prober = Prober(cluster, option(args, "probe-blocks"), option(args, "probe-timeout"))
-        try:
-            before = Snapshot(cluster, agent, sessions)
-            with CycleSampler(agent) as sampler:
-                delays = run_probes(prober, seconds, interval, check_alive)
-            after = Snapshot(cluster, agent, sessions)
-        finally:
-            prober.close()
-        changed = any(agent_sessions(node) != sessions[side]
-                      for side, node in (("primary", primary), ("standby", standby)))
-        row = steady_row(label, size, nbuffers, data_mb, before, after, sampler, delays, prober, agent, changed)
-        row["warm"] = warm
-        say(steady_line(row))
-        say()
-        return row
+        results = []
+        for exchange in exchanges:
+            feed = {"feed": "true", "filter": "false"}[exchange]
+            agent = AgentProcess(primary.conninfo(), standby.conninfo(), cluster.base, interval="1s",
+                                 extra=["--change-feed", feed]).start()
+            results.append(measure(f"{label} {exchange}", size, nbuffers, data_mb, cluster, agent, load, args))
+            agent.stop()
+            agent = None
+        return results
     finally:
         if agent is not None:
             agent.stop()
@@ -422,6 +405,45 @@ def steady_size(label: str, size: int, args: argparse.Namespace) -> dict:
             load.terminate()
             load.wait()
         cluster.destroy()
+
+
+def measure(label: str, size: int, nbuffers: int, data_mb: int, cluster: Cluster, agent: AgentProcess,
+            load: subprocess.Popen, args: argparse.Namespace) -> dict:
+    """Warm-up and steady phase of one agent on a loaded cluster; its row."""
+    primary, standby = cluster.primary, cluster.standby
+    seconds, interval = option(args, "seconds"), option(args, "probe-interval")
+
+    def check_alive() -> None:
+        if load.poll() is not None:
+            raise RuntimeError(f"pgbench exited with {load.returncode}:\n"
+                               f"{(cluster.base / 'steady_pgbench.log').read_text()[-3000:]}")
+        if not agent.alive():
+            raise RuntimeError(f"ccm-agent died:\n{agent.log()[-3000:]}")
+
+    warm, waited = warm_up(agent, option(args, "warmup-seconds"), option(args, "warmup-timeout"), check_alive)
+    coverage = agent.metric("ccm_agent_coverage_ratio")
+    say(f"{label}: warm-up {waited:.0f} s, coverage {coverage:.4f}, hot set {agent.metric('ccm_agent_hot_set_blocks'):.0f} "
+        f"blocks" + ("" if warm else f" (coverage still below {WARM} after the timeout; measuring anyway)"))
+    sessions = {"primary": agent_sessions(primary), "standby": agent_sessions(standby)}
+    if not all(sessions.values()):
+        raise RuntimeError(f"no session named {APPLICATION_NAME} in pg_stat_activity on "
+                           + " and ".join(side for side, pids in sessions.items() if not pids))
+    prober = Prober(cluster, option(args, "probe-blocks"), option(args, "probe-timeout"))
+    try:
+        before = Snapshot(cluster, agent, sessions)
+        with CycleSampler(agent) as sampler:
+            delays = run_probes(prober, seconds, interval, check_alive)
+        after = Snapshot(cluster, agent, sessions)
+    finally:
+        prober.close()
+    changed = any(agent_sessions(node) != sessions[side]
+                  for side, node in (("primary", primary), ("standby", standby)))
+    row = steady_row(label, size, nbuffers, data_mb, before, after, sampler, delays, prober, agent, changed)
+    row["warm"] = warm
+    row["exchange"] = label.split()[-1]
+    say(steady_line(row))
+    say()
+    return row
 
 
 WARM = 0.99
@@ -623,9 +645,11 @@ def bench_steady(args: argparse.Namespace) -> list[dict]:
         f"pgbench {option(args, 'clients')} clients at "
         f"{option(args, 'rate') or 'unlimited'} TPS ({option(args, 'write-percent')}% UPDATEs), agent interval 1 s")
     say()
-    rows = [steady_size(label, size, args) for label, size in sizes]
+    rows = [row for label, size in sizes for row in steady_size(label, size, args)]
     steady_table(rows)
-    extrapolation(rows)
+    for exchange in dict.fromkeys(row["exchange"] for row in rows):
+        say(f"#### {exchange}")
+        extrapolation([row for row in rows if row["exchange"] == exchange])
     return rows
 
 

@@ -1030,7 +1030,14 @@ impl Syncer {
                     )
                     .await
                 {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        // A fill that loaded nothing (its blocks all skipped or cached by then)
+                        // would be asked for again every cycle: wait as after an empty one.
+                        let name = &self.standbys[*i].name;
+                        if report.standbys.iter().any(|r| &r.name == name && r.filled == 0) {
+                            self.standbys[*i].fill_idle_until = Some(Instant::now() + FILL_RECHECK);
+                        }
+                    }
                     Err(
                         e @ (CycleError::Cancelled
                         | CycleError::Decode(_)
