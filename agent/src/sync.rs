@@ -337,6 +337,8 @@ pub struct Syncer {
     feed_wanted: bool,
     /// "predates the change feed" was logged for this extension version.
     feed_absent_logged: Option<String>,
+    /// The primary's hot set at the last cycle, whichever exchange counted it.
+    last_hot_set: u64,
 }
 
 impl Syncer {
@@ -359,6 +361,7 @@ impl Syncer {
             subscriber: feed::new_subscriber(),
             feed_wanted: cfg_change_feed,
             feed_absent_logged: None,
+            last_hot_set: 0,
         }
     }
 
@@ -851,7 +854,14 @@ impl Syncer {
         }
         let primary = self.primary.as_ref().expect("connected by ensure_primary");
         if primary.has_change_feed() {
-            return true;
+            // A standby too small for the hot set is served by the filter exchange, whose cap
+            // keeps it on the hottest part instead of trading blocks back and forth.
+            let hot = self.last_hot_set;
+            return !self
+                .standbys
+                .iter()
+                .filter_map(|s| s.node.as_ref())
+                .any(|n| u64::try_from(n.facts.shared_buffers).unwrap_or(0) < hot);
         }
         let version = primary
             .facts
@@ -1051,6 +1061,7 @@ impl Syncer {
             .hot_set_blocks
             .set(saturating_i64(report.hot_buffers));
         self.metrics.coverage_ratio.set(report.coverage());
+        self.last_hot_set = report.hot_buffers;
         Ok(self.finish(report, started))
     }
 
