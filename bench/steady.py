@@ -66,6 +66,7 @@ STEADY_OPTIONS = (
                                       "exchange, --change-feed false) (default feed,filter)"),
     ("warmup-seconds", int, 30, "least warm-up with the load and the agent before measuring (default 30)"),
     ("warmup-timeout", int, 900, "longest wait for coverage >= 0.99; then measured anyway, with a note (default 900)"),
+    ("agent-args", str, "", "extra flags for every ccm-agent run, space-separated (e.g. \"--fill-room false\")"),
     ("clients", int, 2, "pgbench clients of the read-mostly load (default 2)"),
     ("rate", int, 2000, "the load's transactions per second, all clients together (pgbench -R); 0: no limit, "
                         "which takes both CPUs of a 2-CPU machine (default 2000)"),
@@ -393,7 +394,7 @@ def steady_size(label: str, size: int, args: argparse.Namespace) -> list[dict]:
         for exchange in exchanges:
             feed = {"feed": "true", "filter": "false"}[exchange]
             agent = AgentProcess(primary.conninfo(), standby.conninfo(), cluster.base, interval="1s",
-                                 extra=["--change-feed", feed]).start()
+                                 extra=["--change-feed", feed, *option(args, "agent-args").split()]).start()
             results.append(measure(f"{label} {exchange}", size, nbuffers, data_mb, cluster, agent, load, args))
             agent.stop()
             agent = None
