@@ -16,6 +16,7 @@ on both nodes, never with the agent's own counters alone:
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -53,13 +54,21 @@ def hot_on_standby(cluster: Cluster) -> float:
     return coverage(cluster.primary, cluster.standby)[0]
 
 
+@contextmanager
+def warm_agent(cluster: Cluster, log_dir, interval: str = "300ms"):
+    """ccm-agent on the cluster (the hot set only: fill_room off), once the standby holds the
+    primary's hot set."""
+    with AgentProcess(cluster.primary.conninfo(), cluster.standby.conninfo(), log_dir, interval=interval,
+                      extra=["--fill-room", "false"]) as agent:
+        cluster.standby.wait_until(lambda: hot_on_standby(cluster) >= 0.99, "the hot set on the standby", timeout=30)
+        yield agent
+
+
 def test_hot_blocks_the_standby_evicts_under_its_own_reads_come_back(log_dir):
     cluster = prepared_cluster()
     try:
         primary, standby = cluster.primary, cluster.standby
-        with AgentProcess(primary.conninfo(), standby.conninfo(), log_dir, interval="300ms",
-                          extra=["--fill-room", "false"]) as agent:
-            standby.wait_until(lambda: hot_on_standby(cluster) >= 0.99, "the hot set on the standby", timeout=30)
+        with warm_agent(cluster, log_dir) as agent:
             assert "predates the change feed" not in agent.log()
             loaded_before = agent.metric("ccm_agent_blocks_loaded_total")
             hot_blocks = coverage(primary, standby)[1]
@@ -87,9 +96,7 @@ def test_a_warm_idle_pair_exchanges_little(log_dir):
     try:
         primary, standby = cluster.primary, cluster.standby
         filter_bytes = standby.one("SELECT length(ccm_buffer_filter())")
-        with AgentProcess(primary.conninfo(), standby.conninfo(), log_dir, interval="200ms",
-                          extra=["--fill-room", "false"]) as agent:
-            standby.wait_until(lambda: hot_on_standby(cluster) >= 0.99, "the hot set on the standby", timeout=30)
+        with warm_agent(cluster, log_dir, interval="200ms") as agent:
             time.sleep(2)  # the first sweeps' lists are behind us
 
             ports = {primary.port, standby.port}
@@ -114,16 +121,13 @@ def test_a_warm_idle_pair_exchanges_little(log_dir):
 def test_a_standby_restarted_cold_resets_its_feed_and_is_warmed_again(log_dir):
     cluster = prepared_cluster()
     try:
-        primary, standby = cluster.primary, cluster.standby
-        with AgentProcess(primary.conninfo(), standby.conninfo(), log_dir, interval="300ms",
-                          extra=["--fill-room", "false"]) as agent:
-            standby.wait_until(lambda: hot_on_standby(cluster) >= 0.99, "the hot set on the standby", timeout=30)
+        with warm_agent(cluster, log_dir) as agent:
             cluster.make_standby_cold()
             # The restarted standby's feed starts over (its shared memory is new); the agent
             # forgets what it held and warms it again. An agent that kept its old view would
             # believe the hot set cached and leave the standby cold.
             agent.wait_for(lambda: agent.metric("ccm_agent_feed_resets_total") >= 3, "the standby's feed to reset")
-            standby.wait_until(lambda: hot_on_standby(cluster) >= 0.99, "the hot set on the restarted standby",
+            cluster.standby.wait_until(lambda: hot_on_standby(cluster) >= 0.99, "the hot set on the restarted standby",
                                timeout=60)
     finally:
         cluster.destroy()
@@ -132,10 +136,7 @@ def test_a_standby_restarted_cold_resets_its_feed_and_is_warmed_again(log_dir):
 def test_extension_0_4_0_is_warmed_through_the_filter_exchange(log_dir):
     cluster = prepared_cluster(extension_version="0.4.0")
     try:
-        primary, standby = cluster.primary, cluster.standby
-        with AgentProcess(primary.conninfo(), standby.conninfo(), log_dir, interval="300ms",
-                          extra=["--fill-room", "false"]) as agent:
-            standby.wait_until(lambda: hot_on_standby(cluster) >= 0.99, "the hot set on the standby", timeout=30)
+        with warm_agent(cluster, log_dir) as agent:
             assert "predates the change feed" in agent.log()
             assert agent.metric("ccm_agent_feed_resets_total") == 0
     finally:
