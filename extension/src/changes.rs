@@ -12,6 +12,19 @@
 //! while its buffer holds it at the threshold or above, so that blocks at the threshold do
 //! not flap in and out every cycle.
 //!
+//! With `colder` (a primary's feed for ccm-agent's fill_room), the feed also reports the
+//! cached blocks below the hot set (usage count at or below the threshold) in two more
+//! lists, `colder_added` and `colder_removed`, each with the usage count its sweep saw. A
+//! block is in at most one of the two sets; one that warms or cools moves from one to the
+//! other (it is listed in one set's removals and the other's additions). So the agent knows
+//! what it could fill a standby's unused buffers with without a filter of the standby and a
+//! scan of the primary: the same sweep serves both sets.
+//!
+//! A block can sit in the shadow of two buffers for a while (evicted from a buffer the
+//! sweep has not reached yet and read into one it passed): it is then added twice and
+//! removed once when the sweep reaches the old buffer. A subscriber that counts additions
+//! and removals per block, as ccm-agent does, stays exact.
+//!
 //! One caller at a time owns the feed (its `subscriber` id) and acknowledges each answer
 //! by passing its `seq` as `after` in the next call. Anything else (another subscriber, an
 //! answer the caller did not get, another threshold, a call that failed in the middle, a
@@ -50,6 +63,15 @@ const EVERY_CACHED_BLOCK: i32 = -1;
 /// Headers visited between two interrupt checks and progress reports.
 const PROGRESS_INTERVAL: usize = 16384;
 
+/// Which of the feed's sets a buffer's block was last reported in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Set {
+    /// The hot set (a standby's feed: every cached block).
+    Main,
+    /// Cached below the hot set (feeds with `colder` only).
+    Colder,
+}
+
 /// What the feed last reported for one buffer.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -59,26 +81,34 @@ struct ShadowEntry {
     rel: u32,
     block: u32,
     fork: u8,
-    /// 1: the block above is in the set (reported as added, not yet as removed).
+    /// 0: nothing reported; 1: the block above is in the main set, 2: in the colder set
+    /// (reported as added there, not yet as removed).
     in_set: u8,
     _pad: [u8; 2],
 }
 
 impl ShadowEntry {
-    fn member(&self) -> Option<BlockAddress> {
-        (self.in_set != 0).then_some(BlockAddress {
-            spc: self.spc,
-            db: self.db,
-            rel: self.rel,
-            fork: self.fork,
-            block: self.block,
-        })
+    fn member(&self) -> Option<(BlockAddress, Set)> {
+        let set = match self.in_set {
+            1 => Set::Main,
+            2 => Set::Colder,
+            _ => return None,
+        };
+        Some((BlockAddress { spc: self.spc, db: self.db, rel: self.rel, fork: self.fork, block: self.block }, set))
     }
 
-    fn set(&mut self, member: Option<BlockAddress>) {
+    fn set(&mut self, member: Option<(BlockAddress, Set)>) {
         *self = match member {
             None => ShadowEntry::default(),
-            Some(a) => ShadowEntry { spc: a.spc, db: a.db, rel: a.rel, block: a.block, fork: a.fork, in_set: 1, _pad: [0; 2] },
+            Some((a, set)) => ShadowEntry {
+                spc: a.spc,
+                db: a.db,
+                rel: a.rel,
+                block: a.block,
+                fork: a.fork,
+                in_set: if set == Set::Main { 1 } else { 2 },
+                _pad: [0; 2],
+            },
         };
     }
 }
@@ -92,6 +122,8 @@ pub struct FeedState {
     /// Last seq handed out; seqs are never reused within the server's life.
     last_seq: i64,
     threshold: i32,
+    /// The colder set is reported too.
+    colder: bool,
     /// Set while a call sweeps: still set at the next call means that one failed midway.
     in_sweep: bool,
     cursor: u64,
@@ -162,13 +194,15 @@ unsafe fn shadow() -> &'static mut [ShadowEntry] {
 }
 
 /// Why a call starts the feed over, if it does.
-fn reset_reason(state: &FeedState, subscriber: i64, after: i64, threshold: i32) -> Option<&'static str> {
+fn reset_reason(state: &FeedState, subscriber: i64, after: i64, threshold: i32, colder: bool) -> Option<&'static str> {
     if state.subscriber != subscriber {
         Some("new subscriber")
     } else if state.in_sweep {
         Some("interrupted")
     } else if state.threshold != threshold {
         Some("threshold changed")
+    } else if state.colder != colder {
+        Some("colder changed")
     } else if state.seq != after || after == 0 {
         Some("sequence mismatch")
     } else {
@@ -176,17 +210,31 @@ fn reset_reason(state: &FeedState, subscriber: i64, after: i64, threshold: i32) 
     }
 }
 
-/// The set a buffer's block belongs to now, given what its shadow says.
+/// The set a buffer's block belongs to now, given what its shadow says: the main set from a
+/// usage count above the threshold on, and while it stays at the threshold or above once
+/// in; else, with `colder`, the colder set.
 #[inline]
-fn membership(now: Option<buffers::CachedBuffer>, before: Option<BlockAddress>, threshold: i32) -> Option<HotBlock> {
+fn membership(
+    now: Option<buffers::CachedBuffer>,
+    before: Option<(BlockAddress, Set)>,
+    threshold: i32,
+    colder: bool,
+) -> Option<(HotBlock, Set)> {
     let buffer = now?;
     if !buffer.permanent || buffer.address.fork > MAX_FORK {
         return None;
     }
     let usage = i32::from(buffer.usage);
-    let stays = before == Some(buffer.address);
-    let member = if stays { usage >= threshold } else { usage > threshold };
-    member.then_some(HotBlock { addr: buffer.address, usage: buffer.usage })
+    let stays = before == Some((buffer.address, Set::Main));
+    let main = if stays { usage >= threshold } else { usage > threshold };
+    let block = HotBlock { addr: buffer.address, usage: buffer.usage };
+    if main {
+        Some((block, Set::Main))
+    } else if colder {
+        Some((block, Set::Colder))
+    } else {
+        None
+    }
 }
 
 fn push(list: &mut Vec<HotBlock>, block: HotBlock) {
@@ -201,6 +249,8 @@ fn push(list: &mut Vec<HotBlock>, block: HotBlock) {
 struct Sweep {
     added: Vec<HotBlock>,
     removed: Vec<HotBlock>,
+    colder_added: Vec<HotBlock>,
+    colder_removed: Vec<HotBlock>,
     visited: u64,
 }
 
@@ -208,6 +258,7 @@ struct Sweep {
 /// of the configured threshold, whose sweeps aurora_ccm_status() counts as scans.
 fn sweep(state: &mut FeedState, budget: usize, report: bool) -> Sweep {
     let threshold = state.threshold;
+    let colder = state.colder;
     let count = buffers::buffer_count();
     let mut cursor = state.cursor as usize % count;
     let mut tracked = state.tracked;
@@ -224,18 +275,27 @@ fn sweep(state: &mut FeedState, budget: usize, report: bool) -> Sweep {
         }
         let entry = &mut shadow[cursor];
         let before = entry.member();
-        let now = membership(buffers::read_header(cursor), before, threshold);
-        if now.map(|block| block.addr) != before {
-            if let Some(addr) = before {
-                push(&mut found.removed, HotBlock { addr, usage: 0 });
-                tracked -= 1;
+        let now = membership(buffers::read_header(cursor), before, threshold, colder);
+        let now_member = now.map(|(block, set)| (block.addr, set));
+        if now_member != before {
+            match before {
+                Some((addr, Set::Main)) => {
+                    push(&mut found.removed, HotBlock { addr, usage: 0 });
+                    tracked -= 1;
+                }
+                Some((addr, Set::Colder)) => push(&mut found.colder_removed, HotBlock { addr, usage: 0 }),
+                None => {}
             }
-            if let Some(block) = now {
-                push(&mut found.added, block);
-                tracked += 1;
-                sweep_added += 1;
+            match now {
+                Some((block, Set::Main)) => {
+                    push(&mut found.added, block);
+                    tracked += 1;
+                    sweep_added += 1;
+                }
+                Some((block, Set::Colder)) => push(&mut found.colder_added, block),
+                None => {}
             }
-            entry.set(now.map(|block| block.addr));
+            entry.set(now_member);
         }
         found.visited += 1;
         cursor += 1;
@@ -269,7 +329,7 @@ fn reported_and_held(shadow: &[ShadowEntry], addr: &BlockAddress) -> bool {
     usize::try_from(buffer)
         .ok()
         .and_then(|index| shadow.get(index))
-        .is_some_and(|entry| entry.member() == Some(*addr))
+        .is_some_and(|entry| entry.member().is_some_and(|(held, _)| held == *addr))
 }
 
 /// The probe's blocks that this node holds as reported. Called with FEED held exclusively.
@@ -313,6 +373,7 @@ fn ccm_buffer_changes(
     usage_threshold: default!(Option<i32>, "NULL"),
     max_buffers: default!(Option<i64>, "NULL"),
     probe: default!(Option<&[u8]>, "NULL"),
+    colder: default!(bool, false),
 ) -> TableIterator<
     'static,
     (
@@ -326,6 +387,8 @@ fn ccm_buffer_changes(
         name!(added, Vec<u8>),
         name!(removed, Vec<u8>),
         name!(present, Option<Vec<u8>>),
+        name!(colder_added, Option<Vec<u8>>),
+        name!(colder_removed, Option<Vec<u8>>),
     ),
 > {
     errors::require_enabled();
@@ -357,11 +420,11 @@ fn ccm_buffer_changes(
     });
 
     let mut state = FEED.exclusive();
-    let reason = reset_reason(&state, subscriber, after, threshold);
+    let reason = reset_reason(&state, subscriber, after, threshold, colder);
     if reason.is_some() {
         // SAFETY: FEED is held exclusively.
         unsafe { shadow() }.fill(ShadowEntry::default());
-        *state = FeedState { last_seq: state.last_seq, subscriber, threshold, ..FeedState::default() };
+        *state = FeedState { last_seq: state.last_seq, subscriber, threshold, colder, ..FeedState::default() };
     }
     state.in_sweep = true;
     let found = sweep(&mut state, budget, report);
@@ -373,6 +436,13 @@ fn ccm_buffer_changes(
     drop(state);
 
     let visited = found.visited;
+    let colder_lists = colder.then(|| {
+        (
+            encode(found.colder_added, snapshot.tracked, visited),
+            encode(found.colder_removed, snapshot.tracked, visited),
+        )
+    });
+    let (colder_added, colder_removed) = colder_lists.unzip();
     TableIterator::once((
         snapshot.seq,
         reason.is_some(),
@@ -384,5 +454,7 @@ fn ccm_buffer_changes(
         encode(found.added, snapshot.tracked, visited),
         encode(found.removed, snapshot.tracked, visited),
         present.map(|blocks| encode(blocks, snapshot.tracked, visited)),
+        colder_added,
+        colder_removed,
     ))
 }

@@ -338,6 +338,8 @@ mod tests {
         added: Vec<HotBlock>,
         removed: Vec<HotBlock>,
         present: Option<Vec<HotBlock>>,
+        colder_added: Option<Vec<HotBlock>>,
+        colder_removed: Option<Vec<HotBlock>>,
     }
 
     fn decoded(list: Option<Vec<u8>>) -> Option<Vec<HotBlock>> {
@@ -345,13 +347,31 @@ mod tests {
     }
 
     fn feed(subscriber: i64, after: i64, threshold: i32, max_buffers: Option<i64>, probe: Option<Vec<u8>>) -> FeedAnswer {
+        feed_colder(subscriber, after, threshold, max_buffers, probe, false)
+    }
+
+    fn feed_colder(
+        subscriber: i64,
+        after: i64,
+        threshold: i32,
+        max_buffers: Option<i64>,
+        probe: Option<Vec<u8>>,
+        colder: bool,
+    ) -> FeedAnswer {
         Spi::connect(|client| {
             let table = client
                 .select(
-                    "SELECT seq, reset, reset_reason, buffers, sweeps, visited, added, removed, present \
-                     FROM ccm_buffer_changes($1, $2, $3, $4, $5)",
+                    "SELECT seq, reset, reset_reason, buffers, sweeps, visited, added, removed, present, \
+                     colder_added, colder_removed FROM ccm_buffer_changes($1, $2, $3, $4, $5, $6)",
                     None,
-                    &[subscriber.into(), after.into(), threshold.into(), max_buffers.into(), probe.into()],
+                    &[
+                        subscriber.into(),
+                        after.into(),
+                        threshold.into(),
+                        max_buffers.into(),
+                        probe.into(),
+                        colder.into(),
+                    ],
                 )
                 .unwrap();
             let row = table.first();
@@ -367,6 +387,8 @@ mod tests {
                 added: decoded(row.get(7).unwrap()).unwrap(),
                 removed: decoded(row.get(8).unwrap()).unwrap(),
                 present: decoded(row.get(9).unwrap()),
+                colder_added: decoded(row.get(10).unwrap()),
+                colder_removed: decoded(row.get(11).unwrap()),
             }
         })
     }
@@ -429,8 +451,38 @@ mod tests {
         // Another threshold, another subscriber: start over.
         let hot = feed(me, rest.seq, 0, Some(0), None);
         assert_eq!(hot.reset_reason.as_deref(), Some("threshold changed"));
-        let other = feed(me + 1, hot.seq, 0, Some(0), None);
+        let other = feed(me + 1, hot.seq, 4, Some(0), None);
         assert_eq!(other.reset_reason.as_deref(), Some("new subscriber"));
+        assert_eq!((other.colder_added.is_none(), other.colder_removed.is_none()), (true, true));
+
+        // The colder set: a table just written through a bulk-write ring holds usage count 1,
+        // below a threshold of 4. Asking for it starts over.
+        let (rel, blocks) = cached_table("feed_colder");
+        let all: Vec<u32> = (0..blocks).collect();
+        let colder = feed_colder(me + 1, other.seq, 4, None, None, true);
+        assert_eq!(colder.reset_reason.as_deref(), Some("colder changed"));
+        assert!(blocks_of(&colder.added, rel).is_empty());
+        let cold = colder.colder_added.as_ref().unwrap();
+        assert_eq!(blocks_of(cold, rel), all);
+        assert!(cold.iter().all(|b| b.usage <= 4), "colder blocks are at or below the threshold");
+        // Read five times, the blocks reach usage 5: they move to the hot set.
+        for _ in 0..5 {
+            Spi::run("SELECT count(*) FROM feed_colder").unwrap();
+        }
+        let warmed = feed_colder(me + 1, colder.seq, 4, None, None, true);
+        assert_eq!(warmed.reset_reason, None);
+        assert_eq!(blocks_of(&warmed.added, rel), all);
+        assert_eq!(blocks_of(warmed.colder_removed.as_ref().unwrap(), rel), all);
+        assert!(blocks_of(warmed.colder_added.as_ref().unwrap(), rel).is_empty());
+        // Dropped from the buffers, they leave the hot set and do not show up as colder.
+        Spi::run("TRUNCATE feed_colder").unwrap();
+        let gone = feed_colder(me + 1, warmed.seq, 4, None, None, true);
+        assert_eq!(blocks_of(&gone.removed, rel), all);
+        assert!(blocks_of(gone.colder_added.as_ref().unwrap(), rel).is_empty());
+        // Without colder again: start over, and no colder lists.
+        let plain = feed(me + 1, gone.seq, 4, Some(0), None);
+        assert_eq!(plain.reset_reason.as_deref(), Some("colder changed"));
+        assert_eq!(plain.colder_added.is_none(), true);
     }
 
     #[pg_test(error = "invalid subscriber: 0")]
@@ -470,14 +522,14 @@ mod tests {
         assert!(!allowed("ccm_test_monitor", "ccm_hot_blocks(bytea, int8, int4)"));
         assert!(allowed("ccm_test_monitor", "ccm_wal_source()"));
         assert!(!allowed("ccm_test_monitor", "ccm_hot_blocks_each(bytea[], int8[], int4)"));
-        assert!(!allowed("ccm_test_monitor", "ccm_buffer_changes(int8, int8, int4, int8, bytea)"));
+        assert!(!allowed("ccm_test_monitor", "ccm_buffer_changes(int8, int8, int4, int8, bytea, bool)"));
         for function in [
             "ccm_buffer_filter(float8)",
             "ccm_hot_blocks(bytea, int8, int4)",
             "ccm_hot_blocks_each(bytea[], int8[], int4)",
             "ccm_wal_source()",
             "ccm_prewarm(bytea)",
-            "ccm_buffer_changes(int8, int8, int4, int8, bytea)",
+            "ccm_buffer_changes(int8, int8, int4, int8, bytea, bool)",
             "aurora_ccm_status()",
         ] {
             assert!(allowed("ccm_test_agent", function), "{function}");

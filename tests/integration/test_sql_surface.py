@@ -128,7 +128,7 @@ def test_an_upgrade_from_0_1_0_equals_a_fresh_install():
         assert primary.one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ccm'", dbname="upgraded") == newest
         assert surface(primary, "upgraded") == surface(primary, "fresh")
         # 0.2.0: the WAL cache's four functions; 0.4.0: ccm_hot_blocks_each and ccm_wal_source;
-        # 0.5.0: ccm_buffer_changes.
+        # 0.5.0: ccm_buffer_changes (0.6.0 gave it the colder lists).
         assert len(surface(primary, "fresh")) == len(old) + 7
     finally:
         cluster.destroy()
