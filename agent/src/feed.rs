@@ -1,17 +1,27 @@
 //! The agent's side of the change feed (extension 0.5.0, `ccm_buffer_changes()`): a mirror
-//! of the primary's hot set and, per standby, which hot blocks it holds, lacks, or was sent
-//! and has not yet confirmed.
+//! of what the primary caches (its hot set and, with extension 0.6.0 and fill_room, its
+//! colder blocks) and of what each standby caches, so that each cycle sends every standby
+//! exactly what it lacks.
 //!
-//! Every hot block is in exactly one of a standby's three sets:
-//! - `have`: the standby's feed reported it (or its probe confirmed it): any later eviction
-//!   will be reported by a later sweep;
-//! - `missing`: to be sent;
-//! - `inflight`: sent, to be probed by the standby's next feed call.
+//! Both ends are counted mirrors of the nodes' feeds: a block's count goes up with each
+//! report that adds it and down with each that removes it. A node's feed can report a block
+//! twice (read into a second buffer before its sweep reached the first one) and remove it
+//! once later; counting keeps the mirror equal to what the node's feed holds, where a plain
+//! set would drop a block the node still caches and never hear of it again.
 //!
-//! Answers are applied in the order the node produced them: reset, removed, added, then the
-//! probe. A node's answer with `reset` means the node forgot what it told us, so everything
-//! we know from it goes (the primary: the hot set; a standby: what it holds). No work here is
-//! proportional to the hot set in a steady cycle: sets change by what an answer lists.
+//! For each standby, every block the primary caches is in exactly one place: its feed
+//! reported it cached (`cached`, which holds every block the standby reported, so a block
+//! it cached before the primary wanted it is never sent), `missing_hot` or `missing_colder`
+//! (to be sent: the hot ones every cycle, the colder ones only into unused buffers), or
+//! `inflight` (sent; its feed will report it once its sweep passes the buffer). A block sent
+//! and not reported after two full sweeps of the standby's feed was not loaded, or was loaded
+//! and evicted again: it is missing once more. So a lost or skipped block is sent again,
+//! and a block is never hidden for good: the nodes' buffer headers stay the ground truth.
+//!
+//! Answers are applied in the order the node produced them. A node's answer with `reset`
+//! means the node forgot what it told us, so everything we know from it goes (the primary:
+//! what it caches; a standby: what it holds). No work here is proportional to the cache in a
+//! steady cycle: the sets change by what an answer lists, and only what was sent is aged.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
@@ -29,7 +39,9 @@ pub struct FeedAnswer {
     pub visited: i64,
     pub added: BlockList,
     pub removed: BlockList,
-    pub present: Option<BlockList>,
+    /// The colder set's changes (a primary's feed asked with `colder`, extension 0.6.0).
+    pub colder_added: Option<BlockList>,
+    pub colder_removed: Option<BlockList>,
 }
 
 /// A random nonzero subscriber id for this agent process.
@@ -55,20 +67,98 @@ pub fn sweep_budget(buffers: i64) -> i64 {
     }
 }
 
+/// Full sweeps of a standby's feed after which a block sent to it and not reported is sent
+/// again: the sweep under way may have passed its buffer before the load, the next one
+/// cannot.
+const INFLIGHT_SWEEPS: i64 = 2;
+
+/// Which of the primary's sets a block is in: the hot set is sent every cycle, the colder
+/// blocks only into a standby's unused buffers (fill_room).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Hot,
+    Colder,
+}
+
+/// A block the primary caches: its reports per set and the usage count last reported.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cached {
+    usage: u8,
+    hot: u32,
+    colder: u32,
+}
+
+impl Cached {
+    fn class(&self) -> Option<Class> {
+        if self.hot > 0 {
+            Some(Class::Hot)
+        } else if self.colder > 0 {
+            Some(Class::Colder)
+        } else {
+            None
+        }
+    }
+
+    fn count(&mut self, class: Class) -> &mut u32 {
+        match class {
+            Class::Hot => &mut self.hot,
+            Class::Colder => &mut self.colder,
+        }
+    }
+}
+
 /// What the agent knows of one standby.
 #[derive(Debug, Default)]
 pub struct View {
-    have: HashSet<BlockAddress>,
-    missing: HashSet<BlockAddress>,
-    inflight: HashSet<BlockAddress>,
+    /// Every block its feed reports cached, with the number of its reports.
+    cached: HashMap<BlockAddress, u32>,
+    missing_hot: HashSet<BlockAddress>,
+    missing_colder: HashSet<BlockAddress>,
+    /// Sent and not reported yet, with its feed's full sweeps when sent.
+    inflight: HashMap<BlockAddress, i64>,
+    /// Its feed's full sweeps in its last answer.
+    sweeps: i64,
     /// Its feed completed a full sweep since its last reset.
     pub complete: bool,
 }
 
-/// The primary's hot set and every standby's view of it.
+impl View {
+    fn missing(&mut self, class: Class) -> &mut HashSet<BlockAddress> {
+        match class {
+            Class::Hot => &mut self.missing_hot,
+            Class::Colder => &mut self.missing_colder,
+        }
+    }
+
+    /// The primary's block `addr` went from set `before` to set `after`.
+    fn reclassify(&mut self, addr: BlockAddress, before: Option<Class>, after: Option<Class>) {
+        match (before, after) {
+            (b, a) if b == a => {}
+            (_, None) => {
+                self.missing_hot.remove(&addr);
+                self.missing_colder.remove(&addr);
+                self.inflight.remove(&addr);
+            }
+            (None, Some(class)) => {
+                if !self.cached.contains_key(&addr) && !self.inflight.contains_key(&addr) {
+                    self.missing(class).insert(addr);
+                }
+            }
+            (Some(from), Some(to)) => {
+                if self.missing(from).remove(&addr) {
+                    self.missing(to).insert(addr);
+                }
+            }
+        }
+    }
+}
+
+/// What the primary caches and every standby's view of it.
 #[derive(Debug, Default)]
 pub struct Mirror {
-    hot: HashMap<BlockAddress, u8>,
+    primary: HashMap<BlockAddress, Cached>,
+    /// Blocks of `primary` in the hot set.
+    hot: usize,
     /// The primary's feed completed a full sweep since its last reset.
     pub complete: bool,
     views: HashMap<String, View>,
@@ -76,16 +166,18 @@ pub struct Mirror {
 
 impl Mirror {
     pub fn hot_len(&self) -> usize {
-        self.hot.len()
+        self.hot
     }
 
     fn view(&mut self, name: &str) -> &mut View {
         if !self.views.contains_key(name) {
-            // A new standby lacks every hot block until its feed says otherwise.
-            let view = View {
-                missing: self.hot.keys().copied().collect(),
-                ..View::default()
-            };
+            // A new standby lacks everything until its feed says otherwise.
+            let mut view = View::default();
+            for (addr, cached) in &self.primary {
+                if let Some(class) = cached.class() {
+                    view.missing(class).insert(*addr);
+                }
+            }
             self.views.insert(name.to_string(), view);
         }
         self.views.get_mut(name).expect("inserted above")
@@ -96,101 +188,141 @@ impl Mirror {
         self.views.retain(|name, _| names.contains(name));
     }
 
+    /// One report of the primary's: `addr` entered (`up`) or left set `class`.
+    fn count_primary(&mut self, addr: BlockAddress, usage: u8, class: Class, up: bool) {
+        let entry = self.primary.entry(addr).or_default();
+        let before = entry.class();
+        let count = entry.count(class);
+        if up {
+            *count += 1;
+            entry.usage = usage;
+        } else {
+            // Never below zero: a removal always follows its addition in the node's order.
+            *count = count.saturating_sub(1);
+        }
+        let after = entry.class();
+        if after.is_none() {
+            self.primary.remove(&addr);
+        }
+        if (before == Some(Class::Hot)) != (after == Some(Class::Hot)) {
+            if after == Some(Class::Hot) {
+                self.hot += 1;
+            } else {
+                self.hot -= 1;
+            }
+        }
+        for view in self.views.values_mut() {
+            view.reclassify(addr, before, after);
+        }
+    }
+
     /// Applies the primary's answer.
     pub fn apply_primary(&mut self, answer: &FeedAnswer) {
         if answer.reset {
-            self.hot.clear();
+            self.primary.clear();
+            self.hot = 0;
             for view in self.views.values_mut() {
-                view.have.clear();
-                view.missing.clear();
+                view.missing_hot.clear();
+                view.missing_colder.clear();
                 view.inflight.clear();
             }
             self.complete = false;
         }
-        for block in answer.removed.iter() {
-            if self.hot.remove(&block.addr).is_some() {
-                for view in self.views.values_mut() {
-                    view.have.remove(&block.addr);
-                    view.missing.remove(&block.addr);
-                    view.inflight.remove(&block.addr);
-                }
-            }
-        }
+        // Additions first: a block moved from one buffer to another within the answer is
+        // never dropped and added back (which would forget it was sent).
         for block in answer.added.iter() {
-            if self.hot.insert(block.addr, block.usage).is_none() {
-                for view in self.views.values_mut() {
-                    view.missing.insert(block.addr);
-                }
-            }
+            self.count_primary(block.addr, block.usage, Class::Hot, true);
+        }
+        for block in answer.colder_added.iter().flat_map(BlockList::iter) {
+            self.count_primary(block.addr, block.usage, Class::Colder, true);
+        }
+        for block in answer.removed.iter() {
+            self.count_primary(block.addr, 0, Class::Hot, false);
+        }
+        for block in answer.colder_removed.iter().flat_map(BlockList::iter) {
+            self.count_primary(block.addr, 0, Class::Colder, false);
         }
         self.complete |= answer.sweeps > 0;
     }
 
-    /// Applies standby `name`'s answer (its probe answered for its inflight blocks).
+    /// Applies standby `name`'s answer.
     pub fn apply_standby(&mut self, name: &str, answer: &FeedAnswer) {
         self.view(name);
-        let Mirror { hot, views, .. } = self;
+        let Mirror { primary, views, .. } = self;
         let view = views.get_mut(name).expect("made by view()");
         if answer.reset {
-            view.missing.extend(view.have.drain());
-            view.missing.extend(view.inflight.drain());
+            view.cached.clear();
+            view.inflight.clear();
+            view.missing_hot.clear();
+            view.missing_colder.clear();
+            for (addr, cached) in primary.iter() {
+                if let Some(class) = cached.class() {
+                    view.missing(class).insert(*addr);
+                }
+            }
             view.complete = false;
         }
-        for block in answer.removed.iter() {
-            if view.have.remove(&block.addr) {
-                view.missing.insert(block.addr);
-            }
-        }
         for block in answer.added.iter() {
-            if hot.contains_key(&block.addr)
-                && (view.missing.remove(&block.addr) || view.inflight.remove(&block.addr))
-            {
-                view.have.insert(block.addr);
+            let count = view.cached.entry(block.addr).or_insert(0);
+            *count += 1;
+            if *count == 1 {
+                view.missing_hot.remove(&block.addr);
+                view.missing_colder.remove(&block.addr);
+                view.inflight.remove(&block.addr);
             }
         }
-        if let Some(present) = &answer.present {
-            for block in present.iter() {
-                if view.inflight.remove(&block.addr) {
-                    view.have.insert(block.addr);
+        for block in answer.removed.iter() {
+            let Some(count) = view.cached.get_mut(&block.addr) else {
+                continue;
+            };
+            *count -= 1;
+            if *count == 0 {
+                view.cached.remove(&block.addr);
+                if let Some(class) = primary.get(&block.addr).and_then(Cached::class) {
+                    view.missing(class).insert(block.addr);
                 }
             }
         }
-        // What was probed and not found held goes out again.
-        if answer.present.is_some() {
-            view.missing.extend(view.inflight.drain());
+        // What was sent two full sweeps ago and is not reported goes out again.
+        view.sweeps = answer.sweeps;
+        let sweeps = answer.sweeps;
+        let mut expired = Vec::new();
+        view.inflight.retain(|addr, sent_at| {
+            let keep = sweeps < *sent_at + INFLIGHT_SWEEPS;
+            if !keep {
+                expired.push(*addr);
+            }
+            keep
+        });
+        for addr in expired {
+            if let Some(class) = primary.get(&addr).and_then(Cached::class) {
+                view.missing(class).insert(addr);
+            }
         }
         view.complete |= answer.sweeps > 0;
     }
 
-    /// The probe for standby `name`: its inflight blocks, or None when there are none.
-    pub fn probe(&mut self, name: &str) -> Option<Vec<u8>> {
-        let view = self.view(name);
-        if view.inflight.is_empty() {
-            return None;
-        }
-        let mut blocks: Vec<HotBlock> = view
-            .inflight
-            .iter()
-            .map(|&addr| HotBlock { addr, usage: 0 })
-            .collect();
-        Some(encode_block_list(&mut blocks, 0, 0).expect("addresses from valid lists"))
-    }
-
-    /// Up to `limit` of standby `name`'s missing blocks, hottest first, as one list; they
-    /// become inflight. None when nothing is missing.
-    pub fn take_missing(&mut self, name: &str, limit: usize) -> Option<BlockList> {
+    /// Up to `limit` of standby `name`'s missing blocks of `class`, hottest first, as one
+    /// list; they become inflight. None when nothing is missing.
+    pub fn take_missing(&mut self, name: &str, class: Class, limit: usize) -> Option<BlockList> {
         self.view(name);
-        let Mirror { hot, views, .. } = self;
+        let Mirror {
+            primary,
+            views,
+            hot,
+            ..
+        } = self;
         let view = views.get_mut(name).expect("made by view()");
-        if view.missing.is_empty() || limit == 0 {
+        let sweeps = view.sweeps;
+        let missing = view.missing(class);
+        if missing.is_empty() || limit == 0 {
             return None;
         }
-        let mut blocks: Vec<HotBlock> = view
-            .missing
+        let mut blocks: Vec<HotBlock> = missing
             .iter()
             .map(|&addr| HotBlock {
                 addr,
-                usage: hot.get(&addr).copied().unwrap_or(0),
+                usage: primary.get(&addr).map_or(0, |c| c.usage),
             })
             .collect();
         if blocks.len() > limit {
@@ -200,19 +332,37 @@ impl Mirror {
             blocks.truncate(limit);
         }
         for block in &blocks {
-            view.missing.remove(&block.addr);
-            view.inflight.insert(block.addr);
+            missing.remove(&block.addr);
         }
-        let bytes = encode_block_list(&mut blocks, hot.len() as u64, 0)
-            .expect("addresses from valid lists");
+        for block in &blocks {
+            view.inflight.insert(block.addr, sweeps);
+        }
+        let bytes =
+            encode_block_list(&mut blocks, *hot as u64, 0).expect("addresses from valid lists");
         Some(BlockList::decode(&bytes).expect("a list we just encoded"))
     }
 
-    /// Hot blocks standby `name` does not hold yet (missing or unconfirmed).
+    /// Hot blocks standby `name` does not hold yet (missing, or sent and not reported).
     pub fn lacking(&self, name: &str) -> usize {
-        self.views
-            .get(name)
-            .map_or(self.hot.len(), |v| v.missing.len() + v.inflight.len())
+        self.views.get(name).map_or(self.hot, |v| {
+            let inflight_hot = v
+                .inflight
+                .keys()
+                .filter(|a| self.primary.get(a).and_then(Cached::class) == Some(Class::Hot))
+                .count();
+            v.missing_hot.len() + inflight_hot
+        })
+    }
+
+    /// Whether standby `name`'s feed swept all its buffers since its last reset.
+    pub fn standby_complete(&self, name: &str) -> bool {
+        self.views.get(name).is_some_and(|v| v.complete)
+    }
+
+    /// Blocks sent to standby `name` that its feed has not reported yet: they may already
+    /// take buffers its feed still counts as unused.
+    pub fn inflight(&self, name: &str) -> usize {
+        self.views.get(name).map_or(0, |v| v.inflight.len())
     }
 }
 
@@ -241,12 +391,7 @@ mod tests {
         BlockList::decode(&encode_block_list(&mut hot, 0, 0).unwrap()).unwrap()
     }
 
-    fn answer(
-        reset: bool,
-        added: &[(u32, u8)],
-        removed: &[u32],
-        present: Option<&[u32]>,
-    ) -> FeedAnswer {
+    fn answer(reset: bool, added: &[(u32, u8)], removed: &[u32]) -> FeedAnswer {
         let removed: Vec<(u32, u8)> = removed.iter().map(|&b| (b, 0)).collect();
         FeedAnswer {
             seq: 1,
@@ -257,87 +402,145 @@ mod tests {
             visited: 100,
             added: list(added),
             removed: list(&removed),
-            present: present.map(|p| list(&p.iter().map(|&b| (b, 0)).collect::<Vec<_>>())),
+            colder_added: None,
+            colder_removed: None,
         }
     }
 
-    fn sent(m: &mut Mirror, name: &str) -> Vec<u32> {
-        m.take_missing(name, usize::MAX)
+    fn colder(mut a: FeedAnswer, added: &[(u32, u8)], removed: &[u32]) -> FeedAnswer {
+        let removed: Vec<(u32, u8)> = removed.iter().map(|&b| (b, 0)).collect();
+        a.colder_added = Some(list(added));
+        a.colder_removed = Some(list(&removed));
+        a
+    }
+
+    fn swept(mut a: FeedAnswer, sweeps: i64) -> FeedAnswer {
+        a.sweeps = sweeps;
+        a
+    }
+
+    fn sent(m: &mut Mirror, name: &str, class: Class) -> Vec<u32> {
+        m.take_missing(name, class, usize::MAX)
             .map_or(vec![], |l| l.iter().map(|b| b.addr.block).collect())
     }
 
     #[test]
     fn hot_blocks_are_sent_hottest_first_and_confirmed_by_the_feed() {
         let mut m = Mirror::default();
-        m.apply_standby("s", &answer(true, &[], &[], None));
-        m.apply_primary(&answer(true, &[(1, 4), (2, 5), (3, 4)], &[], None));
-        let first = m.take_missing("s", 1).unwrap();
+        m.apply_standby("s", &answer(true, &[], &[]));
+        m.apply_primary(&answer(true, &[(1, 4), (2, 5), (3, 4)], &[]));
+        let first = m.take_missing("s", Class::Hot, 1).unwrap();
         assert_eq!(
             first.iter().map(|b| b.addr.block).collect::<Vec<_>>(),
             vec![2]
         );
-        assert_eq!(sent(&mut m, "s"), vec![1, 3]);
-        assert_eq!(m.lacking("s"), 3);
-        // The standby's sweep reports 1 and 2; 3 is probed and was not loaded.
-        m.apply_standby("s", &answer(false, &[(1, 4), (2, 5)], &[], Some(&[])));
+        assert_eq!(sent(&mut m, "s", Class::Hot), vec![1, 3]);
+        assert_eq!((m.lacking("s"), m.inflight("s")), (3, 3));
+        // The standby's sweep reports 1 and 2; 3 stays inflight until two full sweeps passed.
+        m.apply_standby("s", &swept(answer(false, &[(1, 4), (2, 5)], &[]), 2));
         assert_eq!(m.lacking("s"), 1);
-        assert_eq!(sent(&mut m, "s"), vec![3]);
+        assert_eq!(sent(&mut m, "s", Class::Hot), Vec::<u32>::new());
+        m.apply_standby("s", &swept(answer(false, &[], &[]), 3));
+        assert_eq!(sent(&mut m, "s", Class::Hot), vec![3]);
     }
 
     #[test]
-    fn a_block_held_before_it_became_hot_is_confirmed_by_the_probe() {
+    fn a_block_the_standby_cached_before_it_became_hot_is_not_sent() {
         let mut m = Mirror::default();
-        m.apply_standby("s", &answer(true, &[(7, 1)], &[], None)); // cached, not hot yet
-        m.apply_primary(&answer(true, &[(7, 5)], &[], None));
-        assert_eq!(sent(&mut m, "s"), vec![7]);
-        assert_eq!(
-            m.probe("s").map(|p| BlockList::decode(&p).unwrap().len()),
-            Some(1)
-        );
-        m.apply_standby("s", &answer(false, &[], &[], Some(&[7])));
-        assert_eq!(m.lacking("s"), 0);
-        assert_eq!(m.probe("s"), None);
+        m.apply_standby("s", &answer(true, &[(7, 1)], &[]));
+        m.apply_primary(&answer(true, &[(7, 5), (8, 5)], &[]));
+        assert_eq!(sent(&mut m, "s", Class::Hot), vec![8]);
     }
 
     #[test]
     fn an_eviction_on_the_standby_sends_the_block_again() {
         let mut m = Mirror::default();
-        m.apply_primary(&answer(true, &[(1, 5)], &[], None));
-        m.apply_standby("s", &answer(true, &[(1, 5)], &[], None));
+        m.apply_primary(&answer(true, &[(1, 5)], &[]));
+        m.apply_standby("s", &answer(true, &[(1, 5)], &[]));
         assert_eq!(m.lacking("s"), 0);
-        m.apply_standby("s", &answer(false, &[(9, 1)], &[1], None));
-        assert_eq!(sent(&mut m, "s"), vec![1]);
+        m.apply_standby("s", &answer(false, &[(9, 1)], &[1]));
+        assert_eq!(sent(&mut m, "s", Class::Hot), vec![1]);
+    }
+
+    #[test]
+    fn a_block_reported_from_two_buffers_stays_until_both_are_gone() {
+        // Block 1 left buffer A (not swept yet) for buffer B (swept): added twice, then the
+        // sweep reaches A and removes it once. The primary and the standby still hold it.
+        let mut m = Mirror::default();
+        m.apply_primary(&answer(true, &[(1, 5)], &[]));
+        m.apply_standby("s", &answer(true, &[(1, 5)], &[]));
+        m.apply_primary(&answer(false, &[(1, 5)], &[]));
+        m.apply_standby("s", &answer(false, &[(1, 5)], &[]));
+        m.apply_primary(&answer(false, &[], &[1]));
+        m.apply_standby("s", &answer(false, &[], &[1]));
+        assert_eq!((m.hot_len(), m.lacking("s")), (1, 0));
+        // The last copy goes: on the standby, it is missing; on the primary, no longer hot.
+        m.apply_standby("s", &answer(false, &[], &[1]));
+        assert_eq!(m.lacking("s"), 1);
+        m.apply_primary(&answer(false, &[], &[1]));
+        assert_eq!((m.hot_len(), m.lacking("s")), (0, 0));
     }
 
     #[test]
     fn a_block_that_cools_on_the_primary_is_no_longer_counted() {
         let mut m = Mirror::default();
-        m.apply_primary(&answer(true, &[(1, 5), (2, 5)], &[], None));
-        m.apply_standby("s", &answer(true, &[(1, 5)], &[], None));
-        m.apply_primary(&answer(false, &[], &[2], None));
+        m.apply_primary(&answer(true, &[(1, 5), (2, 5)], &[]));
+        m.apply_standby("s", &answer(true, &[(1, 5)], &[]));
+        m.apply_primary(&answer(false, &[], &[2]));
         assert_eq!((m.hot_len(), m.lacking("s")), (1, 0));
+    }
+
+    #[test]
+    fn colder_blocks_are_kept_apart_and_move_with_their_usage() {
+        let mut m = Mirror::default();
+        m.apply_standby("s", &answer(true, &[(4, 1)], &[]));
+        m.apply_primary(&colder(
+            answer(true, &[(1, 5)], &[]),
+            &[(2, 1), (3, 3), (4, 2)],
+            &[],
+        ));
+        assert_eq!((m.hot_len(), m.lacking("s")), (1, 1));
+        assert_eq!(sent(&mut m, "s", Class::Hot), vec![1]);
+        // Hottest colder block first; 4 is cached on the standby already.
+        let first = m.take_missing("s", Class::Colder, 1).unwrap();
+        assert_eq!(
+            first.iter().map(|b| b.addr.block).collect::<Vec<_>>(),
+            vec![3]
+        );
+        // 2 warms up: it is sent with the hot blocks now; 1 cools down.
+        m.apply_primary(&colder(answer(false, &[(2, 5)], &[1]), &[(1, 3)], &[2]));
+        assert_eq!(m.hot_len(), 1);
+        assert_eq!(sent(&mut m, "s", Class::Hot), vec![2]);
+        assert_eq!(sent(&mut m, "s", Class::Colder), Vec::<u32>::new());
+        // Evicted on the primary: gone from every set.
+        m.apply_primary(&colder(answer(false, &[], &[]), &[], &[1, 3]));
+        m.apply_standby("s", &swept(answer(false, &[], &[]), 9));
+        assert_eq!(sent(&mut m, "s", Class::Colder), Vec::<u32>::new());
+        assert_eq!(sent(&mut m, "s", Class::Hot), vec![2]);
     }
 
     #[test]
     fn resets_forget_what_the_node_told() {
         let mut m = Mirror::default();
-        m.apply_primary(&answer(true, &[(1, 5), (2, 5)], &[], None));
-        m.apply_standby("s", &answer(true, &[(1, 5), (2, 5)], &[], None));
+        m.apply_primary(&answer(true, &[(1, 5), (2, 5)], &[]));
+        m.apply_standby("s", &answer(true, &[(1, 5), (2, 5)], &[]));
         assert_eq!(m.lacking("s"), 0);
         // The standby restarted: it may hold nothing.
-        m.apply_standby("s", &answer(true, &[(2, 5)], &[], None));
-        assert_eq!(sent(&mut m, "s"), vec![1]);
-        // The primary's feed started over: the hot set is rebuilt from its answers.
-        m.apply_primary(&answer(true, &[(3, 5)], &[], None));
-        assert_eq!((m.hot_len(), m.lacking("s")), (1, 1));
+        m.apply_standby("s", &answer(true, &[(2, 5)], &[]));
+        assert_eq!(sent(&mut m, "s", Class::Hot), vec![1]);
+        // The primary's feed started over: what it caches is rebuilt from its answers; what
+        // the standby holds is still known.
+        m.apply_primary(&answer(true, &[(2, 5), (3, 5)], &[]));
+        assert_eq!((m.hot_len(), m.lacking("s")), (2, 1));
+        assert_eq!(sent(&mut m, "s", Class::Hot), vec![3]);
     }
 
     #[test]
     fn a_new_standby_lacks_the_whole_hot_set() {
         let mut m = Mirror::default();
-        m.apply_primary(&answer(true, &[(1, 5), (2, 4)], &[], None));
+        m.apply_primary(&answer(true, &[(1, 5), (2, 4)], &[]));
         assert_eq!(m.lacking("new"), 2);
-        assert_eq!(sent(&mut m, "new"), vec![1, 2]);
+        assert_eq!(sent(&mut m, "new", Class::Hot), vec![1, 2]);
         m.retain_standbys(&[]);
         assert_eq!(m.lacking("new"), 2);
     }

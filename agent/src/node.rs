@@ -390,6 +390,8 @@ const WAL_CACHE_SINCE: (u32, u32) = (0, 2);
 const MULTI_STANDBY_SINCE: (u32, u32) = (0, 4);
 /// The first with ccm_buffer_changes() (the change feed).
 pub const CHANGE_FEED_SINCE: (u32, u32) = (0, 5);
+/// The first whose change feed reports the colder blocks too (fill_room without filters).
+pub const COLDER_FEED_SINCE: (u32, u32) = (0, 6);
 
 fn at_least(extension_version: Option<&str>, since: (u32, u32)) -> bool {
     let Some(version) = extension_version else {
@@ -417,9 +419,14 @@ const SQL_CACHED_BLOCKS: &str =
     "SELECT pg_is_in_recovery(), ccm_hot_blocks($1::bytea, $2::int8, 0)";
 const SQL_HOT_BLOCKS_EACH: &str =
     "SELECT pg_is_in_recovery(), ccm_hot_blocks_each($1::bytea[], $2::int8[])";
+/// The change feed of extension 0.5.0 (no colder set; the agent sends no probe).
 const SQL_CHANGES: &str = "SELECT pg_is_in_recovery(), c.seq, c.reset, c.reset_reason, c.buffers, \
-     c.tracked, c.sweeps, c.visited, c.added, c.removed, c.present \
-     FROM ccm_buffer_changes($1::int8, $2::int8, $3::int4, $4::int8, $5::bytea) c";
+     c.tracked, c.sweeps, c.visited, c.added, c.removed, NULL::bytea, NULL::bytea \
+     FROM ccm_buffer_changes($1::int8, $2::int8, $3::int4, $4::int8) c";
+/// 0.6.0 on: with or without the colder set.
+const SQL_CHANGES_COLDER: &str = "SELECT pg_is_in_recovery(), c.seq, c.reset, c.reset_reason, \
+     c.buffers, c.tracked, c.sweeps, c.visited, c.added, c.removed, c.colder_added, \
+     c.colder_removed FROM ccm_buffer_changes($1::int8, $2::int8, $3::int4, $4::int8, NULL, $5::bool) c";
 const SQL_WAL_SOURCE: &str =
     "SELECT in_recovery, timeline, sender_host, sender_port FROM ccm_wal_source()";
 /// pg_is_in_recovery() is evaluated after ccm_prewarm (it is in the target list of the row
@@ -931,25 +938,39 @@ impl Node {
         at_least(self.facts.extension_version.as_deref(), CHANGE_FEED_SINCE)
     }
 
+    /// Whether its change feed reports the colder blocks too (extension 0.6.0).
+    pub fn has_colder_feed(&self) -> bool {
+        at_least(self.facts.extension_version.as_deref(), COLDER_FEED_SINCE)
+    }
+
     /// The change feed's next answer for `subscriber`, with the recovery state at the same
-    /// instant. The session's cursor (`feed_after`) is not advanced here: the caller applies
-    /// the answer, then advances it.
+    /// instant; with `colder` (only where has_colder_feed()), the colder set's changes too.
+    /// The session's cursor (`feed_after`) is not advanced here: the caller applies the
+    /// answer, then advances it.
     pub async fn buffer_changes(
         &mut self,
         subscriber: i64,
         usage_threshold: Option<i32>,
         max_buffers: i64,
-        probe: Option<&[u8]>,
+        colder: bool,
     ) -> Result<(bool, FeedAnswer), NodeError> {
         const WHAT: &str = "ccm_buffer_changes()";
         let after = self.feed_after;
-        let row = self
-            .query_one(
+        let row = if self.has_colder_feed() {
+            self.query_one(
+                WHAT,
+                SQL_CHANGES_COLDER,
+                &[&subscriber, &after, &usage_threshold, &max_buffers, &colder],
+            )
+            .await?
+        } else {
+            self.query_one(
                 WHAT,
                 SQL_CHANGES,
-                &[&subscriber, &after, &usage_threshold, &max_buffers, &probe],
+                &[&subscriber, &after, &usage_threshold, &max_buffers],
             )
-            .await?;
+            .await?
+        };
         let col = Columns::new(self, WHAT, &row);
         let buffers: i64 = col.get(4)?;
         let limit = u64::try_from(buffers).unwrap_or(0);
@@ -957,7 +978,8 @@ impl Node {
             BlockList::decode_bounded(&bytes, limit)
                 .map_err(|e| col.unexpected(format!("a block list: {e}")))
         };
-        let present: Option<Vec<u8>> = col.get(10)?;
+        let colder_added: Option<Vec<u8>> = col.get(10)?;
+        let colder_removed: Option<Vec<u8>> = col.get(11)?;
         let answer = FeedAnswer {
             seq: col.get(1)?,
             reset: col.get(2)?,
@@ -967,7 +989,8 @@ impl Node {
             visited: col.get(7)?,
             added: list(col.get(8)?)?,
             removed: list(col.get(9)?)?,
-            present: present.map(list).transpose()?,
+            colder_added: colder_added.map(list).transpose()?,
+            colder_removed: colder_removed.map(list).transpose()?,
         };
         Ok((col.get(0)?, answer))
     }

@@ -15,6 +15,8 @@
 //! primary's reports what entered and left its hot set, and each standby is sent the hot
 //! blocks the mirror says it lacks. A steady cycle then moves what changed, not a filter of
 //! all of a standby's buffers; `sync --once` and older extensions use the filter exchange.
+//! With extension 0.6.0, the primary's feed also reports its colder blocks, so step (5)
+//! takes them from the mirror too, with no call to either node when there is no room.
 //! Short calls keep each statement on a standby brief, so a recovery conflict never waits
 //! on us for long, and the hottest blocks land first if the cycle is cut short.
 //!
@@ -794,26 +796,20 @@ impl Syncer {
         Ok(Ready::Filter(filter))
     }
 
-    /// Step (1) in feed mode for standby `i`: its change feed's answer (with the probe of
-    /// the blocks sent to it and not yet confirmed), applied to the mirror. `Ready::Filter`
-    /// carries no filter then: fill_room asks for one only when the standby has room.
+    /// Step (1) in feed mode for standby `i`: its change feed's answer, applied to the
+    /// mirror. `Ready::Filter` carries no filter then: with extension 0.5.0, fill_room asks
+    /// for one only when the standby has room.
     async fn standby_feed(
         &mut self,
         i: usize,
         report: &mut CycleReport,
     ) -> Result<Ready, CycleError> {
         let name = self.standbys[i].name.clone();
-        let probe = self.mirror.probe(&name);
         let budget = feed::sweep_budget(self.standby(i).facts.shared_buffers);
         let subscriber = self.subscriber;
         let result = self
             .standby(i)
-            .buffer_changes(
-                subscriber,
-                Some(EVERY_CACHED_BLOCK),
-                budget,
-                probe.as_deref(),
-            )
+            .buffer_changes(subscriber, Some(EVERY_CACHED_BLOCK), budget, false)
             .await;
         if let Err(error) = &result {
             if error.class() == ErrorClass::RecoveryConflict {
@@ -829,7 +825,7 @@ impl Syncer {
         self.mirror.apply_standby(&name, &answer);
         self.standby(i).feed_after = answer.seq;
         self.standbys[i].feed_tracked = u64::try_from(answer.tracked).ok();
-        report.filter_bytes += probe.map_or(0, |p| p.len()) + answer_bytes(&answer);
+        report.filter_bytes += answer_bytes(&answer);
         Ok(Ready::Filter(Vec::new()))
     }
 
@@ -1007,26 +1003,32 @@ impl Syncer {
                 if Instant::now() >= fill_until {
                     break;
                 }
-                let fetched;
-                let filter = if feed {
-                    match self.fill_filter(*i, &report).await {
-                        Ok(Some(f)) => {
-                            fetched = f;
-                            &fetched
-                        }
-                        Ok(None) => continue,
-                        Err(e @ (CycleError::Cancelled | CycleError::Disabled { .. })) => {
-                            return Err(e)
-                        }
-                        Err(e) => {
-                            self.standby_trouble(*i, &e);
-                            continue;
-                        }
-                    }
+                let from_mirror = feed && self.colder_feed();
+                let batches = if from_mirror {
+                    self.fill_from_mirror(*i, &report)
                 } else {
-                    filter
+                    let fetched;
+                    let filter = if feed {
+                        match self.fill_filter(*i, &report).await {
+                            Ok(Some(f)) => {
+                                fetched = f;
+                                &fetched
+                            }
+                            Ok(None) => continue,
+                            Err(e @ (CycleError::Cancelled | CycleError::Disabled { .. })) => {
+                                return Err(e)
+                            }
+                            Err(e) => {
+                                self.standby_trouble(*i, &e);
+                                continue;
+                            }
+                        }
+                    } else {
+                        filter
+                    };
+                    self.fill_batches(*i, filter, &mut report).await?
                 };
-                let Some(batches) = self.fill_batches(*i, filter, &mut report).await? else {
+                let Some(batches) = batches else {
                     continue;
                 };
                 match self
@@ -1043,8 +1045,14 @@ impl Syncer {
                     Ok(()) => {
                         // A fill that loaded nothing (its blocks all skipped or cached by then)
                         // would be asked for again every cycle: wait as after an empty one.
+                        // (The mirror's fill costs nothing when there is nothing to send.)
                         let name = &self.standbys[*i].name;
-                        if report.standbys.iter().any(|r| &r.name == name && r.filled == 0) {
+                        if !from_mirror
+                            && report
+                                .standbys
+                                .iter()
+                                .any(|r| &r.name == name && r.filled == 0)
+                        {
                             self.standbys[*i].fill_idle_until = Some(Instant::now() + FILL_RECHECK);
                         }
                     }
@@ -1146,9 +1154,10 @@ impl Syncer {
     async fn primary_feed(&mut self, report: &mut CycleReport) -> Result<(), CycleError> {
         let budget = feed::sweep_budget(self.primary().facts.shared_buffers);
         let subscriber = self.subscriber;
+        let colder = self.colder_feed();
         let result = self
             .primary()
-            .buffer_changes(subscriber, None, budget, None)
+            .buffer_changes(subscriber, None, budget, colder)
             .await;
         let (in_recovery, answer) = self.call(Who::Primary, Stage::HotBlocks, result)?;
         if in_recovery {
@@ -1185,9 +1194,11 @@ impl Syncer {
         let name = self.standbys[i].name.clone();
         let hot = self.mirror.hot_len() as u64;
         let lacking = self.mirror.lacking(&name) as u64;
-        let list = self
-            .mirror
-            .take_missing(&name, usize::try_from(room).unwrap_or(usize::MAX));
+        let list = self.mirror.take_missing(
+            &name,
+            feed::Class::Hot,
+            usize::try_from(room).unwrap_or(usize::MAX),
+        );
         let sent = list.as_ref().map_or(0, |l| l.len() as u64);
         report.sent += sent;
         let standby = StandbyReport {
@@ -1207,6 +1218,50 @@ impl Syncer {
         let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
         self.load(i, &batches, Tier::Hot, None, progress, report)
             .await
+    }
+
+    /// Whether the primary's feed reports its colder blocks too, so that fill_room fills from
+    /// the mirror (extension 0.6.0) instead of a standby filter and a scan of the primary.
+    fn colder_feed(&self) -> bool {
+        self.cfg.fill_room && self.primary.as_ref().is_some_and(Node::has_colder_feed)
+    }
+
+    /// fill_room from the mirror (extension 0.6.0), for standby `i` once this cycle loaded
+    /// its whole share of hot blocks: the primary's colder blocks it lacks, hottest first, as
+    /// many as its unused buffers take less a reserve, at most FILL_MAX_BATCHES batches. Its
+    /// unused buffers are counted from its feed (once that has swept all of them since its
+    /// last reset) less the blocks sent and not reported yet. None when there is no room or
+    /// nothing to send; asking costs no call to either node.
+    fn fill_from_mirror(&mut self, i: usize, report: &CycleReport) -> Option<Vec<Vec<u8>>> {
+        let standby = &self.standbys[i];
+        let (node, tracked) = (standby.node.as_ref()?, standby.feed_tracked?);
+        if standby.retry_at.is_some()
+            || !self.mirror.complete
+            || !self.mirror.standby_complete(&standby.name)
+        {
+            return None;
+        }
+        report.standbys.iter().find(|r| {
+            r.name == standby.name
+                && r.recovery_conflicts == 0
+                && r.storage_errors == 0
+                && !r.replay_paused
+        })?;
+        let buffers = u64::try_from(node.facts.shared_buffers).unwrap_or(0);
+        let pending = self.mirror.inflight(&standby.name) as u64;
+        let room = unused_room(buffers, tracked.saturating_add(pending));
+        if room < FILL_MIN_BLOCKS {
+            return None;
+        }
+        let batch = self.cfg.batch_blocks as usize;
+        let take = usize::try_from(room)
+            .unwrap_or(usize::MAX)
+            .min(batch.saturating_mul(FILL_MAX_BATCHES));
+        let name = standby.name.clone();
+        let list = self.mirror.take_missing(&name, feed::Class::Colder, take)?;
+        debug!(standby = %name, unused = buffers.saturating_sub(tracked), take = list.len(),
+            "filling the standby's unused buffers with colder blocks");
+        Some(list.split_hottest_first(batch))
     }
 
     /// fill_room in feed mode: standby `i`'s filter, asked for only when its feed says it has
@@ -1823,7 +1878,10 @@ impl SyncSummary {
 /// The lists of a feed answer, in bytes.
 fn answer_bytes(answer: &FeedAnswer) -> usize {
     let list = |l: &BlockList| 32 + l.len() * 3;
-    list(&answer.added) + list(&answer.removed) + answer.present.as_ref().map_or(0, list)
+    list(&answer.added)
+        + list(&answer.removed)
+        + answer.colder_added.as_ref().map_or(0, list)
+        + answer.colder_removed.as_ref().map_or(0, list)
 }
 
 /// Whether `sync --once` should run another cycle after `report`.
