@@ -20,6 +20,7 @@ mod sync;
 mod tls;
 mod topology;
 mod wait;
+mod wire;
 
 use std::future::Future;
 use std::io::IsTerminal;

@@ -96,6 +96,7 @@ pub struct Metrics {
     standby_missing: Family<NodeLabels, Gauge>,
     standby_loaded: Family<NodeLabels, Counter>,
     feed_resets: Family<NodeLabels, Counter>,
+    wire_bytes: Family<WireLabels, Counter>,
     standby_priority: Family<NodeLabels, Gauge>,
     /// Standby names with series, so that members that left lose theirs.
     standby_names: std::sync::Mutex<Vec<String>>,
@@ -103,6 +104,9 @@ pub struct Metrics {
 }
 
 type NodeLabels = [(&'static str, String); 1];
+
+/// A node and a direction (sent, received).
+type WireLabels = [(&'static str, String); 2];
 
 fn node_label(name: &str) -> NodeLabels {
     [("node", name.to_string())]
@@ -164,6 +168,7 @@ impl Metrics {
             standby_missing: Family::default(),
             standby_loaded: Family::default(),
             feed_resets: Family::default(),
+            wire_bytes: Family::default(),
             standby_priority: Family::default(),
             standby_names: std::sync::Mutex::default(),
             readiness: Readiness::default(),
@@ -289,6 +294,11 @@ impl Metrics {
             "standby_blocks_loaded",
             "Blocks this standby read into shared_buffers",
             m.standby_loaded.clone(),
+        );
+        registry.register(
+            "bytes",
+            "Bytes the agent's session with this node carried (direction sent: to the node, acknowledged by it; received: from it), as the kernel counts them on the session's TCP socket, TLS included",
+            m.wire_bytes.clone(),
         );
         registry.register(
             "feed_resets",
@@ -479,6 +489,20 @@ impl Metrics {
     }
 
     /// The change feed of node `name` (a standby's name, or "primary") started over.
+    /// Bytes a node's session carried since the last count.
+    pub fn wire_bytes(&self, name: &str, sent: u64, received: u64) {
+        for (direction, bytes) in [("sent", sent), ("received", received)] {
+            if bytes > 0 {
+                self.wire_bytes
+                    .get_or_create(&[
+                        ("node", name.to_string()),
+                        ("direction", direction.to_string()),
+                    ])
+                    .inc_by(bytes);
+            }
+        }
+    }
+
     pub fn feed_reset(&self, name: &str) {
         self.feed_resets.get_or_create(&node_label(name)).inc();
     }

@@ -35,6 +35,7 @@ use ccm_codec::BlockList;
 use crate::conninfo::{ConnInfo, HostSpec};
 use crate::feed::FeedAnswer;
 use crate::tls::{Failure, MakeTls, SslMode, TlsStream};
+use crate::wire::{self, SocketCounter};
 
 pub const APPLICATION_NAME: &str = "ccm-agent";
 
@@ -471,6 +472,8 @@ pub struct Node {
     /// The seq of the last change-feed answer applied from this session (0: none yet). A new
     /// session starts at 0, so its first call resets the node's feed.
     pub feed_after: i64,
+    /// The session's TCP socket, for the bytes it carried (None: not found, see wire.rs).
+    wire: Option<SocketCounter>,
 }
 
 impl fmt::Debug for Node {
@@ -686,10 +689,12 @@ impl Node {
             passfile,
             timeout: options.connect_timeout,
         };
+        let sockets_before = wire::sockets_to(host.port);
         let (client, mut connection, tls) = tokio::select! {
             _ = cancel.cancelled() => return Err(NodeError::Cancelled),
             r = session.establish() => r?,
         };
+        let wire = SocketCounter::find(host.port, &sockets_before);
         // The connection object does the I/O; it ends by itself when the client is dropped.
         let conn_label = label.clone();
         tokio::spawn(async move {
@@ -724,6 +729,7 @@ impl Node {
             cancel: cancel.clone(),
             statements: HashMap::new(),
             feed_after: 0,
+            wire,
         };
         // One statement, so no implicit transaction block; values are integers we format.
         let setup = format!(
@@ -752,6 +758,12 @@ impl Node {
 
     pub fn label(&self) -> String {
         self.host.to_string()
+    }
+
+    /// Bytes the session sent and received since the last call, as the kernel counts them
+    /// (None when its socket was not found or is gone).
+    pub fn wire_bytes(&mut self) -> Option<(u64, u64)> {
+        self.wire.as_mut()?.take()
     }
 
     pub fn role(&self) -> &'static str {

@@ -393,7 +393,22 @@ impl Syncer {
         }
     }
 
+    /// Adds what each live session carried since the last count to ccm_agent_bytes_total.
+    fn count_wire(&mut self) {
+        if let Some((sent, received)) = self.primary.as_mut().and_then(Node::wire_bytes) {
+            self.metrics.wire_bytes("primary", sent, received);
+        }
+        for standby in &mut self.standbys {
+            if let Some((sent, received)) = standby.node.as_mut().and_then(Node::wire_bytes) {
+                self.metrics.wire_bytes(&standby.name, sent, received);
+            }
+        }
+    }
+
     fn drop_primary(&mut self) {
+        if let Some((sent, received)) = self.primary.as_mut().and_then(Node::wire_bytes) {
+            self.metrics.wire_bytes("primary", sent, received);
+        }
         if self.primary.take().is_some() {
             self.metrics.set_node_up(Side::Primary, false);
         }
@@ -402,6 +417,10 @@ impl Syncer {
     }
 
     fn drop_standby(&mut self, i: usize) {
+        if let Some((sent, received)) = self.standbys[i].node.as_mut().and_then(Node::wire_bytes) {
+            self.metrics
+                .wire_bytes(&self.standbys[i].name, sent, received);
+        }
         self.standbys[i].verified = false;
         if self.standbys[i].node.take().is_some() {
             self.metrics.set_standby_up(&self.standbys[i].name, false);
@@ -911,6 +930,7 @@ impl Syncer {
         &mut self,
         progress: Option<&ProgressBar>,
     ) -> Result<CycleReport, CycleError> {
+        self.count_wire();
         self.refresh_topology().await?;
         self.ensure_primary().await?;
         let started = Instant::now();

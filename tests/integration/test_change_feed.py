@@ -7,7 +7,8 @@ on both nodes, never with the agent's own counters alone:
   the evictions, so the agent sends them again (an agent that missed removals would leave
   the coverage low and load nothing);
 - a warm, idle pair exchanges a small fraction of what one bloom filter of the standby
-  weighs (the agent's TCP sockets to both nodes, as `ss` counts them);
+  weighs (the agent's TCP sockets to both nodes, as `ss` counts them), and the agent's own
+  ccm_agent_bytes_total agrees with ss;
 - a standby restarted cold resets its feed, and is warmed again;
 - with extension 0.4.0 on the nodes, the agent says it uses the full filter exchange and
   still warms the standby.
@@ -101,12 +102,14 @@ def test_a_warm_idle_pair_exchanges_little(log_dir):
 
             ports = {primary.port, standby.port}
 
-            def totals() -> tuple[float, float]:
-                return agent.wire_bytes(ports), agent.metric("ccm_agent_cycles_total")
+            def totals() -> tuple[float, float, float]:
+                return (agent.wire_bytes(ports), agent.metric("ccm_agent_cycles_total"),
+                        agent.metric("ccm_agent_bytes_total"))
 
-            bytes_before, cycles_before = totals()
+            bytes_before, cycles_before, counted_before = totals()
             time.sleep(5)
-            bytes_after, cycles_after = totals()
+            bytes_after, cycles_after, counted_after = totals()
+            series = {k for k, v in agent.metrics().items() if k.startswith("ccm_agent_bytes_total{") and v > 0}
         cycles = cycles_after - cycles_before
         per_cycle = (bytes_after - bytes_before) / cycles
         assert cycles >= 10, f"only {cycles} cycles in 5 s"
@@ -114,6 +117,12 @@ def test_a_warm_idle_pair_exchanges_little(log_dir):
         # fraction of the one filter the full exchange carries twice per cycle.
         assert per_cycle < filter_bytes / 4, (
             f"{per_cycle:.0f} bytes per idle cycle, a filter of the standby is {filter_bytes} bytes")
+        # The agent's own count (ccm_agent_bytes_total, per node and direction) is what ss
+        # sees on its sockets, give or take the cycle it is updated at.
+        assert len(series) == 4, f"expected sent and received for both nodes: {sorted(series)}"
+        counted, seen = counted_after - counted_before, bytes_after - bytes_before
+        assert abs(counted - seen) <= max(0.1 * seen, 3 * per_cycle), (
+            f"ccm_agent_bytes_total grew by {counted:.0f}, ss saw {seen:.0f} bytes")
     finally:
         cluster.destroy()
 
