@@ -1199,8 +1199,8 @@ impl Syncer {
     }
 
     /// Steps (3) and (4) in feed mode for standby `i`: the hot blocks it lacks, hottest
-    /// first, at most its shared_buffers, loaded in batches. What is sent is probed by its
-    /// next feed call.
+    /// first, at most its shared_buffers, loaded in batches. What is sent is confirmed by its
+    /// feed's later sweeps.
     async fn warm_feed(
         &mut self,
         i: usize,
