@@ -30,7 +30,13 @@ shared_buffers = S on both:
        the standby does not cache (checked with pg_buffercache there) are read 5 times on the
        primary (usage count 5, hot: above ccm.usage_threshold 3), and the standby's
        pg_buffercache is polled until they are all cached;
-  3. a markdown table, and the costs extrapolated to 64 GB and 256 GB of shared_buffers.
+  3. a markdown table, and the costs extrapolated to 64 GB and 256 GB of shared_buffers;
+  4. with --cold-restart 1, under the same load: the standby restarted cold (CHECKPOINT on both,
+     stopped, its files dropped from the page cache, started) with the agent running, and the
+     seconds from its start until pg_buffercache shows 99% of the primary's hot set on it (polled
+     every 2 s); then the same restart without the agent, and the seconds pg_prewarm takes to read
+     the data set's table and index on it (the blocks the agent loads, in the same block order).
+     The disk's time for the hot set is pg_prewarm's time scaled by hot set / data set blocks.
 
 Each size's cluster is destroyed before the next starts. Both nodes run on this host: 2 x S of
 shared_buffers must fit in memory (a size that does not is refused).
@@ -77,6 +83,9 @@ STEADY_OPTIONS = (
     ("probe-interval", float, 5.0, "seconds between hot -> cached probes (default 5)"),
     ("probe-blocks", int, 20, "pages made hot on the primary per probe (default 20)"),
     ("probe-timeout", float, 30.0, "longest wait for a probe's pages on the standby (default 30)"),
+    ("cold-restart", int, 0, "1: after the exchanges, restart the standby cold (files dropped from the page cache) "
+                             "with the agent (change feed) warming it, then again without the agent and time "
+                             "pg_prewarm of the data set on it: the disk's own time for those blocks (default 0)"),
 )
 
 
@@ -398,6 +407,11 @@ def steady_size(label: str, size: int, args: argparse.Namespace) -> list[dict]:
             results.append(measure(f"{label} {exchange}", size, nbuffers, data_mb, cluster, agent, load, args))
             agent.stop()
             agent = None
+        if option(args, "cold-restart"):
+            agent = AgentProcess(primary.conninfo(), standby.conninfo(), cluster.base, interval="1s",
+                                 extra=["--change-feed", "true", *option(args, "agent-args").split()]).start()
+            cold_restart(label, cluster, agent, args)
+            agent = None
         return results
     finally:
         if agent is not None:
@@ -448,6 +462,60 @@ def measure(label: str, size: int, nbuffers: int, data_mb: int, cluster: Cluster
 
 
 WARM = 0.99
+
+
+def restart_standby_cold(cluster: Cluster) -> float:
+    """Cluster.make_standby_cold() up to the start: returns the time (monotonic) the standby
+    was started, so that what follows (replay, the agent) is timed from there."""
+    primary, standby = cluster.primary, cluster.standby
+    primary.sql("CHECKPOINT")
+    cluster.wait_caught_up()
+    standby.sql("CHECKPOINT")
+    standby.stop()
+    standby.drop_os_cache()
+    started = time.monotonic()
+    standby.start()
+    return started
+
+
+def cold_restart(label: str, cluster: Cluster, agent: AgentProcess, args: argparse.Namespace) -> None:
+    """Step 4 of the module's description; `agent` (running) is stopped on the way."""
+    from harness.cluster import coverage
+
+    primary, standby = cluster.primary, cluster.standby
+    try:
+        warm_up(agent, 0, option(args, "warmup-timeout"), lambda: None)
+        loaded_before = agent.metric("ccm_agent_blocks_loaded_total")
+        resets_before = agent.metric("ccm_agent_feed_resets_total")
+        started = restart_standby_cold(cluster)
+        timeout = option(args, "warmup-timeout")
+        # The agent's own coverage first (cheap to poll; it counts a block only once the
+        # standby's feed reported it), then pg_buffercache on both nodes, which decides.
+        poll(lambda: agent.metric("ccm_agent_feed_resets_total") > resets_before, timeout, 0.1)
+        reset_cycle = agent.metric("ccm_agent_cycles_total")  # the coverage gauge is set at a cycle's end
+        poll(lambda: agent.metric("ccm_agent_cycles_total") > reset_cycle
+             and agent.metric("ccm_agent_coverage_ratio") >= WARM, timeout, 0.25)
+        said = time.monotonic() - started
+        done, _ = poll(lambda: coverage(primary, standby)[0] >= WARM, timeout, 0.5)
+        seconds = time.monotonic() - started
+        hot = coverage(primary, standby)[1]
+        loaded = agent.metric("ccm_agent_blocks_loaded_total") - loaded_before
+    finally:
+        agent.stop()
+    say(f"{label} cold restart with the agent: {WARM:.0%} of the hot set ({hot:,} blocks) cached "
+        + (f"{seconds:.1f} s" if done else f"not within {seconds:.0f} s") + " after the standby's start "
+        f"(pg_buffercache on both nodes, the end of the first poll that found it; the agent's own coverage "
+        f"said so at {said:.1f} s; {loaded:,.0f} blocks loaded by the agent)")
+    restart_standby_cold(cluster)
+    cluster.wait_caught_up()
+    began = time.monotonic()
+    read = sum(standby.one("SELECT pg_prewarm(%s)", [relation]) for relation in (DATA, f"{DATA}_pkey"))
+    disk = time.monotonic() - began
+    scaled = disk * hot / read if read else None
+    say(f"{label} cold restart without the agent: pg_prewarm read the data set's {read:,} blocks in {disk:.1f} s "
+        f"({read * 8192 / 2**20 / disk:.0f} MB/s); for the hot set's {hot:,} blocks that is {fmt(scaled, 1)} s"
+        + (f"; the agent took {seconds / scaled:.2f} x that" if done and scaled else ""))
+    say()
 
 
 def warm_up(agent: AgentProcess, least: float, timeout: float, check_alive) -> tuple[bool, float]:
