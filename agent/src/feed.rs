@@ -345,6 +345,27 @@ impl Mirror {
         Some(BlockList::decode(&bytes).expect("a list we just encoded"))
     }
 
+    /// Blocks of `batches` (lists take_missing made, then split) that were not sent to
+    /// standby `name` after all (its share of the cycle ended first): missing again.
+    pub fn unsend(&mut self, name: &str, batches: &[Vec<u8>]) {
+        let Mirror { primary, views, .. } = self;
+        let Some(view) = views.get_mut(name) else {
+            return;
+        };
+        for list in batches
+            .iter()
+            .filter_map(|bytes| BlockList::decode(bytes).ok())
+        {
+            for block in list.iter() {
+                if view.inflight.remove(&block.addr).is_some() {
+                    if let Some(class) = primary.get(&block.addr).and_then(Cached::class) {
+                        view.missing(class).insert(block.addr);
+                    }
+                }
+            }
+        }
+    }
+
     /// Hot blocks standby `name` does not hold yet (missing, or sent and not reported).
     pub fn lacking(&self, name: &str) -> usize {
         self.views.get(name).map_or(self.hot, |v| {
@@ -444,6 +465,19 @@ mod tests {
         assert_eq!(m.lacking("s"), 1);
         assert_eq!(sent(&mut m, "s", Class::Hot), Vec::<u32>::new());
         m.apply_standby("s", &swept(answer(false, &[], &[]), 3));
+        assert_eq!(sent(&mut m, "s", Class::Hot), vec![3]);
+    }
+
+    #[test]
+    fn blocks_taken_but_not_sent_go_out_next_cycle() {
+        let mut m = Mirror::default();
+        m.apply_standby("s", &answer(true, &[], &[]));
+        m.apply_primary(&answer(true, &[(1, 5), (2, 5), (3, 5)], &[]));
+        let list = m.take_missing("s", Class::Hot, usize::MAX).unwrap();
+        // One batch went out; replay lag ended the cycle before the other.
+        let batches = list.split_hottest_first(2);
+        m.unsend("s", &batches[1..]);
+        assert_eq!(m.inflight("s"), 2);
         assert_eq!(sent(&mut m, "s", Class::Hot), vec![3]);
     }
 

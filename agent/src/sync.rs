@@ -1062,7 +1062,12 @@ impl Syncer {
                     )
                     .await
                 {
-                    Ok(()) => {
+                    Ok(loaded) => {
+                        if from_mirror {
+                            // Batches the interval left no time for go back to missing.
+                            let name = &self.standbys[*i].name;
+                            self.mirror.unsend(name, &batches[loaded..]);
+                        }
                         // A fill that loaded nothing (its blocks all skipped or cached by then)
                         // would be asked for again every cycle: wait as after an empty one.
                         // (The mirror's fill costs nothing when there is nothing to send.)
@@ -1236,8 +1241,13 @@ impl Syncer {
             pb.inc_length(sent);
         }
         let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
-        self.load(i, &batches, Tier::Hot, None, progress, report)
-            .await
+        let loaded = self
+            .load(i, &batches, Tier::Hot, None, progress, report)
+            .await?;
+        // A cycle cut short (replay lag, a recovery conflict) sends the rest next cycle.
+        let name = &self.standbys[i].name;
+        self.mirror.unsend(name, &batches[loaded..]);
+        Ok(())
     }
 
     /// Whether the primary's feed reports its colder blocks too, so that fill_room fills from
@@ -1359,10 +1369,12 @@ impl Syncer {
         let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
         self.load(i, &batches, Tier::Hot, None, progress, report)
             .await
+            .map(|_| ())
     }
 
     /// Step (4): standby `i` reads `batches`, one short ccm_prewarm call each, until a
     /// recovery conflict or replay lag ends its share of the cycle, or `until` has passed.
+    /// Returns how many batches it sent (the rest were not).
     async fn load(
         &mut self,
         i: usize,
@@ -1371,7 +1383,8 @@ impl Syncer {
         until: Option<Instant>,
         progress: Option<&ProgressBar>,
         report: &mut CycleReport,
-    ) -> Result<(), CycleError> {
+    ) -> Result<usize, CycleError> {
+        let mut called = 0;
         for batch in batches {
             if until.is_some_and(|at| Instant::now() >= at) {
                 break;
@@ -1384,6 +1397,7 @@ impl Syncer {
                 report.colder_sent += blocks;
             }
             let result = self.standby(i).prewarm(batch).await;
+            called += 1;
             let flow = self.prewarm_outcome(i, blocks, tier, result, report)?;
             if let Some(pb) = progress {
                 pb.inc(blocks);
@@ -1392,7 +1406,7 @@ impl Syncer {
                 break;
             }
         }
-        Ok(())
+        Ok(called)
     }
 
     /// Step (5) for standby `i`, with fill_room: when this cycle loaded its whole list of hot

@@ -176,7 +176,10 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         // Some kernels count the SYN's sequence number as one byte acknowledged.
-        assert!((1000..=1001).contains(&total.0) && total.1 == 300, "{total:?}");
+        assert!(
+            (1000..=1001).contains(&total.0) && total.1 == 300,
+            "{total:?}"
+        );
         drop(client);
         assert_eq!(counter.take(), None, "a closed socket is not read");
     }
