@@ -230,6 +230,13 @@ def socket_bytes() -> tuple[bool, dict[tuple[int, int], tuple[int, int]]]:
     return "bytes_acked:" in out and "bytes_received:" in out, sockets
 
 
+def agent_memory_mb(pid: int) -> tuple[float | None, float | None]:
+    """The agent's resident memory now and at its peak (VmRSS, VmHWM), in MB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    kb = (lambda name: int(fields[name].split()[0]) / 1024 if name in fields else None)  # noqa: E731
+    return kb("VmRSS"), kb("VmHWM")
+
+
 def process_io(pid: int) -> tuple[int, int]:
     """(wchar, rchar) of a process: the fallback when ss reports no byte counts."""
     counts = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
@@ -456,6 +463,7 @@ def measure(label: str, size: int, nbuffers: int, data_mb: int, cluster: Cluster
     row = steady_row(label, size, nbuffers, data_mb, before, after, sampler, delays, prober, agent, changed)
     row["warm"] = warm
     row["exchange"] = label.split()[-1]
+    row["agent_rss_mb"], row["agent_peak_mb"] = agent_memory_mb(agent.process.pid)
     say(steady_line(row))
     say()
     return row
@@ -614,7 +622,8 @@ def steady_line(row: dict) -> str:
     return (f"{row['size']}: {row['cycles']:.0f} cycles in {row['seconds']:.0f} s, CPU per cycle primary "
             f"{cpu_cell(row, 'primary')}, standby {cpu_cell(row, 'standby')}, agent {cpu_cell(row, 'agent')}; "
             f"wire agent->/<-primary | agent->/<-standby: {wire_cells(row)}; hot->cached p50 "
-            f"{fmt(row['hot_to_cached_p50_ms'])} ms over {row['probes']} probes"
+            f"{fmt(row['hot_to_cached_p50_ms'])} ms over {row['probes']} probes; agent RSS "
+            f"{fmt(row['agent_rss_mb'])} MB (peak {fmt(row['agent_peak_mb'])} MB)"
             + (f"; WARNING: the agent's sessions changed during the phase, CPU and bytes are partial"
                if row["sessions_changed"] else ""))
 
