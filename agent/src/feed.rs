@@ -133,6 +133,21 @@ impl View {
         }
     }
 
+    /// Forgets what it was sent and counts every block `primary` caches as missing, except
+    /// those it caches.
+    fn miss_all(&mut self, primary: &HashMap<BlockAddress, Cached>) {
+        self.inflight.clear();
+        self.missing_hot.clear();
+        self.missing_colder.clear();
+        for (addr, cached) in primary {
+            if let Some(class) = cached.class() {
+                if !self.cached.contains_key(addr) {
+                    self.missing(class).insert(*addr);
+                }
+            }
+        }
+    }
+
     /// The primary's block `addr` went from set `before` to set `after`.
     fn reclassify(&mut self, addr: BlockAddress, before: Option<Class>, after: Option<Class>) {
         match (before, after) {
@@ -176,11 +191,7 @@ impl Mirror {
         if !self.views.contains_key(name) {
             // A new standby lacks everything until its feed says otherwise.
             let mut view = View::default();
-            for (addr, cached) in &self.primary {
-                if let Some(class) = cached.class() {
-                    view.missing(class).insert(*addr);
-                }
-            }
+            view.miss_all(&self.primary);
             self.views.insert(name.to_string(), view);
         }
         self.views.get_mut(name).expect("inserted above")
@@ -255,14 +266,7 @@ impl Mirror {
         let view = views.get_mut(name).expect("made by view()");
         if answer.reset {
             view.cached.clear();
-            view.inflight.clear();
-            view.missing_hot.clear();
-            view.missing_colder.clear();
-            for (addr, cached) in primary.iter() {
-                if let Some(class) = cached.class() {
-                    view.missing(class).insert(*addr);
-                }
-            }
+            view.miss_all(primary);
             view.complete = false;
         }
         for block in answer.added.iter() {

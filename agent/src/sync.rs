@@ -158,6 +158,20 @@ impl CycleReport {
         self.standbys.iter_mut().rev().find(|r| r.name == name)
     }
 
+    /// Blocks standby `name` loaded this cycle, if its share ran to the end (no recovery
+    /// conflict, storage error or replay-lag pause cut it short): fill_room's condition.
+    fn loaded_whole_share(&self, name: &str) -> Option<u64> {
+        self.standbys
+            .iter()
+            .find(|r| {
+                r.name == name
+                    && r.recovery_conflicts == 0
+                    && r.storage_errors == 0
+                    && !r.replay_paused
+            })
+            .map(|r| r.loaded)
+    }
+
     /// Whether the cycle was cut short by a recovery conflict or by replay lag.
     pub fn interrupted(&self) -> bool {
         self.recovery_conflicts > 0 || self.replay_pauses > 0
@@ -395,20 +409,14 @@ impl Syncer {
 
     /// Adds what each live session carried since the last count to ccm_agent_bytes_total.
     fn count_wire(&mut self) {
-        if let Some((sent, received)) = self.primary.as_mut().and_then(Node::wire_bytes) {
-            self.metrics.wire_bytes("primary", sent, received);
-        }
+        count_node_wire(&self.metrics, "primary", self.primary.as_mut());
         for standby in &mut self.standbys {
-            if let Some((sent, received)) = standby.node.as_mut().and_then(Node::wire_bytes) {
-                self.metrics.wire_bytes(&standby.name, sent, received);
-            }
+            count_node_wire(&self.metrics, &standby.name, standby.node.as_mut());
         }
     }
 
     fn drop_primary(&mut self) {
-        if let Some((sent, received)) = self.primary.as_mut().and_then(Node::wire_bytes) {
-            self.metrics.wire_bytes("primary", sent, received);
-        }
+        count_node_wire(&self.metrics, "primary", self.primary.as_mut());
         if self.primary.take().is_some() {
             self.metrics.set_node_up(Side::Primary, false);
         }
@@ -417,10 +425,8 @@ impl Syncer {
     }
 
     fn drop_standby(&mut self, i: usize) {
-        if let Some((sent, received)) = self.standbys[i].node.as_mut().and_then(Node::wire_bytes) {
-            self.metrics
-                .wire_bytes(&self.standbys[i].name, sent, received);
-        }
+        let standby = &mut self.standbys[i];
+        count_node_wire(&self.metrics, &standby.name, standby.node.as_mut());
         self.standbys[i].verified = false;
         if self.standbys[i].node.take().is_some() {
             self.metrics.set_standby_up(&self.standbys[i].name, false);
@@ -1271,12 +1277,7 @@ impl Syncer {
         {
             return None;
         }
-        report.standbys.iter().find(|r| {
-            r.name == standby.name
-                && r.recovery_conflicts == 0
-                && r.storage_errors == 0
-                && !r.replay_paused
-        })?;
+        report.loaded_whole_share(&standby.name)?;
         let buffers = u64::try_from(node.facts.shared_buffers).unwrap_or(0);
         let pending = self.mirror.inflight(&standby.name) as u64;
         let room = unused_room(buffers, tracked.saturating_add(pending));
@@ -1429,17 +1430,7 @@ impl Syncer {
             return Ok(None);
         };
         // The hot blocks it read this cycle took unused buffers too.
-        let Some(loaded) = report
-            .standbys
-            .iter()
-            .find(|r| {
-                r.name == standby.name
-                    && r.recovery_conflicts == 0
-                    && r.storage_errors == 0
-                    && !r.replay_paused
-            })
-            .map(|r| r.loaded)
-        else {
+        let Some(loaded) = report.loaded_whole_share(&standby.name) else {
             return Ok(None);
         };
         let idle = standby
@@ -1665,6 +1656,14 @@ async fn lookup(name: &str, port: u16) -> Vec<IpAddr> {
     {
         Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
         _ => Vec::new(),
+    }
+}
+
+/// Adds what `node`'s session (the node called `name`) carried since the last count to
+/// ccm_agent_bytes_total.
+fn count_node_wire(metrics: &Metrics, name: &str, node: Option<&mut Node>) {
+    if let Some((sent, received)) = node.and_then(Node::wire_bytes) {
+        metrics.wire_bytes(name, sent, received);
     }
 }
 
