@@ -104,13 +104,15 @@ impl BlockListEncoder {
             return Err(EncodeError::TooManyBlocks);
         }
         let rel = addr.rel_fork();
-        match self.groups.last_mut() {
-            Some(group) if group.rel == rel => {
-                group.blocks.push(addr.block);
-                group.usage.push(block.usage);
-            }
-            _ => self.groups.push(BlockGroup { rel, blocks: vec![addr.block], usage: vec![block.usage] }),
+        if self.groups.last().is_none_or(|group| group.rel != rel) {
+            try_grow(&mut self.groups)?;
+            self.groups.push(BlockGroup { rel, blocks: Vec::new(), usage: Vec::new() }); // within capacity
         }
+        let group = self.groups.last_mut().expect("a group was pushed above");
+        try_grow(&mut group.blocks)?;
+        try_grow(&mut group.usage)?;
+        group.blocks.push(addr.block); // within capacity
+        group.usage.push(block.usage);
         self.count += 1;
         self.last = Some(addr);
         Ok(())
@@ -124,7 +126,9 @@ impl BlockListEncoder {
         self.count == 0
     }
 
-    pub fn finish(self, hot_buffers_found: u64, buffers_scanned: u64) -> Vec<u8> {
+    /// The encoded list. Its exact length is computed first and reserved with
+    /// `try_reserve_exact`, so that a failed allocation is [`EncodeError::OutOfMemory`].
+    pub fn finish(self, hot_buffers_found: u64, buffers_scanned: u64) -> Result<Vec<u8>, EncodeError> {
         let header = BlockListHeader {
             version: BLOCK_LIST_VERSION,
             groups: self.groups.len() as u32,
@@ -147,46 +151,74 @@ fn write_header(out: &mut Vec<u8>, header: &BlockListHeader) {
     out.extend_from_slice(&header.buffers_scanned.to_le_bytes());
 }
 
-/// (start, length) of each maximal run of consecutive blocks.
-fn runs(blocks: &[u32]) -> Vec<(u32, u32)> {
-    let mut runs: Vec<(u32, u32)> = Vec::new();
-    for &block in blocks {
-        match runs.last_mut() {
-            Some((start, length)) if u64::from(*start) + u64::from(*length) == u64::from(block) => *length += 1,
-            _ => runs.push((block, 1)),
-        }
+/// Room for one more item in `items`, reserved with `try_reserve` (amortised doubling, as a
+/// push would), or `OutOfMemory`.
+fn try_grow<T>(items: &mut Vec<T>) -> Result<(), EncodeError> {
+    if items.len() < items.capacity() {
+        return Ok(());
     }
-    runs
+    items.try_reserve(1).map_err(|_| EncodeError::OutOfMemory {
+        bytes: (items.capacity() as u64 * 2).max(4) * std::mem::size_of::<T>() as u64,
+    })
 }
 
-fn encode_groups(header: &BlockListHeader, groups: &[BlockGroup]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(BLOCK_LIST_HEADER_LEN + groups.len() * 20 + header.blocks as usize);
+/// (gap, length − 1) of each maximal run of consecutive blocks, as the format stores them:
+/// computed on the fly, so that encoding allocates nothing but its output.
+fn runs(blocks: &[u32]) -> impl Iterator<Item = (u32, u32)> + '_ {
+    let mut rest = blocks;
+    let mut previous_end: Option<u32> = None;
+    std::iter::from_fn(move || {
+        let (&start, _) = rest.split_first()?;
+        let length = rest.iter().zip(start..).take_while(|(&block, expected)| block == *expected).count();
+        rest = &rest[length..];
+        let end = start + (length as u32 - 1);
+        let gap = previous_end.map_or(start, |previous| start - previous - 1);
+        previous_end = Some(end);
+        Some((gap, length as u32 - 1))
+    })
+}
+
+/// The exact length of the encoding of `groups`.
+fn encoded_len(groups: &[BlockGroup]) -> u64 {
+    let mut len = BLOCK_LIST_HEADER_LEN as u64;
+    for group in groups {
+        let mut count = 0u32;
+        let mut body = 0u64;
+        for (gap, length) in runs(&group.blocks) {
+            count += 1;
+            body += (varint::len(gap) + varint::len(length)) as u64;
+        }
+        len += 13 + varint::len(count) as u64 + body + (group.usage.len() as u64).div_ceil(2);
+    }
+    len
+}
+
+fn encode_groups(header: &BlockListHeader, groups: &[BlockGroup]) -> Result<Vec<u8>, EncodeError> {
+    let len = encoded_len(groups);
+    let mut out: Vec<u8> = Vec::new();
+    usize::try_from(len).ok().and_then(|len| out.try_reserve_exact(len).ok()).ok_or(EncodeError::OutOfMemory { bytes: len })?;
+    // Every write below is within that capacity.
     write_header(&mut out, header);
     for group in groups {
         out.extend_from_slice(&group.rel.spc.to_le_bytes());
         out.extend_from_slice(&group.rel.db.to_le_bytes());
         out.extend_from_slice(&group.rel.rel.to_le_bytes());
         out.push(group.rel.fork);
-        let runs = runs(&group.blocks);
-        varint::write(&mut out, runs.len() as u32);
-        let mut previous_end: Option<u32> = None;
-        for (start, length) in runs {
-            let gap = match previous_end {
-                None => start,
-                Some(end) => start - end - 1,
-            };
+        varint::write(&mut out, runs(&group.blocks).count() as u32);
+        for (gap, length) in runs(&group.blocks) {
             varint::write(&mut out, gap);
-            varint::write(&mut out, length - 1);
-            previous_end = Some(start + (length - 1));
+            varint::write(&mut out, length);
         }
         for pair in group.usage.chunks(2) {
             out.push(pair[0] | pair.get(1).map_or(0, |high| high << 4));
         }
     }
-    out
+    debug_assert_eq!(out.len() as u64, len, "encoded_len() agrees with the encoding");
+    Ok(out)
 }
 
-/// Sorts by address (keeping the higher usage of duplicates) and encodes.
+/// Sorts by address (keeping the higher usage of duplicates) and encodes. Allocations use
+/// `try_reserve`: a failed one is [`EncodeError::OutOfMemory`], never an abort.
 pub fn encode_block_list(blocks: &mut Vec<HotBlock>, hot_buffers_found: u64, buffers_scanned: u64) -> Result<Vec<u8>, EncodeError> {
     blocks.sort_unstable_by(|a, b| a.addr.cmp(&b.addr).then(b.usage.cmp(&a.usage)));
     blocks.dedup_by_key(|block| block.addr);
@@ -194,7 +226,7 @@ pub fn encode_block_list(blocks: &mut Vec<HotBlock>, hot_buffers_found: u64, buf
     for block in blocks.iter() {
         encoder.push(*block)?;
     }
-    Ok(encoder.finish(hot_buffers_found, buffers_scanned))
+    encoder.finish(hot_buffers_found, buffers_scanned)
 }
 
 fn u32_at(bytes: &[u8], offset: usize) -> u32 {

@@ -104,4 +104,6 @@ pub enum EncodeError {
     Block(u32),
     #[error("more than {max} blocks", max = u32::MAX)]
     TooManyBlocks,
+    #[error("could not allocate {bytes} bytes")]
+    OutOfMemory { bytes: u64 },
 }

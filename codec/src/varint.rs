@@ -10,6 +10,11 @@ pub fn write(out: &mut Vec<u8>, mut value: u32) {
     out.push(value as u8);
 }
 
+/// The length of `value`'s encoding: 1 to 5 bytes.
+pub fn len(value: u32) -> usize {
+    (32 - value.leading_zeros() as usize).max(1).div_ceil(7)
+}
+
 /// Reads a varint at `*offset`, advancing it. `field` names what is read, for errors.
 pub fn read(bytes: &[u8], offset: &mut usize, field: &'static str) -> Result<u32, DecodeError> {
     let start = *offset;

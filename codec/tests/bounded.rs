@@ -5,6 +5,7 @@
 //! - validating and streaming a list allocate nothing, whatever its size;
 //! - decoding allocates about 5 bytes per block, and an allocation failure is an error
 //!   value (`OutOfMemory`), not an abort; the same for the filter builder;
+//! - encoding is fallible the same way, and allocates its output once, at its exact length;
 //! - a false-positive rate below the floor is refused before the filter is allocated.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -12,7 +13,8 @@ use std::cell::Cell;
 use std::time::Instant;
 
 use ccm_codec::{
-    encode_block_list, BlockList, BlockListView, DecodeError, DecodeErrorKind, FilterBuilder, FilterParamError,
+    encode_block_list, BlockList, BlockListView, DecodeError, DecodeErrorKind, EncodeError, FilterBuilder,
+    FilterParamError,
     HotBlock, RelFork, FILTER_MIN_FALSE_POSITIVE_RATE,
 };
 
@@ -204,6 +206,44 @@ fn a_failed_allocation_is_an_error_not_an_abort() {
     let error = with_allocations_up_to(1 << 20, || FilterBuilder::new(10_000_000, 0.01, 1)).unwrap_err();
     assert!(matches!(error, FilterParamError::OutOfMemory { bytes } if bytes > 11_000_000), "{error:?}");
     assert!(error.to_string().starts_with("could not allocate "), "{error}");
+}
+
+/// `count` blocks of one relation fork, every third one, usage cycling 0..=5.
+fn spread(count: u32) -> Vec<HotBlock> {
+    (0..count).map(|b| HotBlock { addr: REL.block(b * 3), usage: (b % 6) as u8 }).collect()
+}
+
+#[test]
+fn a_failed_allocation_while_encoding_is_an_error_not_an_abort() {
+    // The encoder's own copy of a million block numbers (4 MB) cannot be had.
+    let mut blocks = spread(1_000_000);
+    let error = with_allocations_up_to(1 << 20, || encode_block_list(&mut blocks, 0, 0)).unwrap_err();
+    assert!(matches!(error, EncodeError::OutOfMemory { bytes } if bytes > 1 << 20), "{error:?}");
+    assert!(error.to_string().starts_with("could not allocate "), "{error}");
+    // With room, the same blocks encode.
+    assert_eq!(BlockList::decode(&encode_block_list(&mut blocks, 0, 0).unwrap()).unwrap().len(), 1_000_000);
+
+    // Nor its output: 1023 blocks 2^22 apart take 5.5 bytes each encoded (a 4-byte gap, a
+    // 1-byte length, a usage nibble), more than the encoder's 4-byte copy of each (4 kB).
+    let mut far: Vec<HotBlock> = (0..1023).map(|b| HotBlock { addr: REL.block(b << 22), usage: 1 }).collect();
+    let list = encode_block_list(&mut far, 0, 0).unwrap();
+    assert!(list.len() > 5_000, "{} bytes", list.len());
+    let error = with_allocations_up_to(5_000, || encode_block_list(&mut far, 0, 0).map(|list| list.len())).unwrap_err();
+    assert_eq!(error, EncodeError::OutOfMemory { bytes: list.len() as u64 });
+}
+
+#[test]
+fn encoding_allocates_its_output_once_at_its_exact_length() {
+    let scattered: Vec<HotBlock> = BlockList::decode(&scattered(300, 700)).unwrap().iter().collect();
+    for (mut blocks, forks) in [(spread(100_000), 1u64), (scattered, 300)] {
+        let count = blocks.len() as u64;
+        let (list, allocated) = measured(|| encode_block_list(&mut blocks, 0, 0).unwrap());
+        assert_eq!(list.capacity(), list.len(), "the output was reserved at its exact length");
+        // The encoder's copy (5 bytes a block; this counter adds up every reallocation's new
+        // size, so doubling growth counts up to 4 times the final length) and the output.
+        let bound = 20 * count + 400 * forks + list.len() as u64 + 256;
+        assert!(allocated <= bound, "{allocated} bytes for {count} blocks in {forks} forks (bound {bound})");
+    }
 }
 
 #[test]

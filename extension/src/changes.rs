@@ -361,7 +361,7 @@ fn resolve_threshold(usage_threshold: Option<i32>) -> (i32, bool) {
 }
 
 fn encode(mut blocks: Vec<HotBlock>, tracked: u64, visited: u64) -> Vec<u8> {
-    encode_block_list(&mut blocks, tracked, visited).expect("blocks from buffer headers are valid list entries")
+    encode_block_list(&mut blocks, tracked, visited).unwrap_or_else(|error| errors::encode_failed(&error))
 }
 
 /// The blocks that entered and left this node's set since the caller's last answer.

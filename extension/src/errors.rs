@@ -1,6 +1,6 @@
 //! Error reports in PostgreSQL's style: lowercase message, DETAIL and HINT as sentences.
 
-use ccm_codec::{DecodeError, DecodeErrorKind};
+use ccm_codec::{DecodeError, DecodeErrorKind, EncodeError};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
@@ -74,6 +74,20 @@ pub fn out_of_memory(what: &str, bytes: u64) -> ! {
         Some(format!("Failed on a request of size {bytes} for {what}.")),
         None,
     )
+}
+
+/// Raises the ERROR for a block list that could not be encoded: out of memory (53200), as
+/// palloc reports it, or an internal error (XX000) for a block no buffer header can hold.
+pub fn encode_failed(error: &EncodeError) -> ! {
+    match error {
+        EncodeError::OutOfMemory { bytes } => out_of_memory("a pg_ccm block list", *bytes),
+        other => raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            "could not encode a pg_ccm block list".into(),
+            Some(sentence(&other.to_string())),
+            None,
+        ),
+    }
 }
 
 /// Raises the ERROR for a block list the codec refused. `limit_hint` explains the limit of

@@ -207,8 +207,7 @@ fn hot_lists(filters: &[Option<FilterView<'_>>], threshold: u8, limits: &[usize]
         if index == 0 && report {
             shmem::scan_finished(ScanCounts { sent: blocks.len() as u64, found }, visited);
         }
-        let list = encode_block_list(&mut blocks, found, visited)
-            .expect("blocks from buffer headers are valid list entries");
+        let list = encode_block_list(&mut blocks, found, visited).unwrap_or_else(|error| errors::encode_failed(&error));
         total += list.len();
         if total > MAX_RESULT_BYTES {
             errors::raise(
