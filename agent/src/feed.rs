@@ -26,7 +26,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 
-use ccm_codec::{encode_block_list, BlockAddress, BlockList, HotBlock};
+use ccm_codec::{encode_block_list, BlockAddress, BlockList, HotBlock, RelFork};
 
 /// A node's answer to `ccm_buffer_changes()`.
 #[derive(Debug, Clone)]
@@ -75,6 +75,58 @@ pub fn sweep_budget(buffers: i64) -> i64 {
 /// cannot.
 const INFLIGHT_SWEEPS: i64 = 2;
 
+/// The mirror's maps hash with foldhash, seeded per map: several times faster than SipHash
+/// on these 8-byte keys, and the keys come from our own nodes' buffer headers.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type Set<K> = HashSet<K, foldhash::fast::RandomState>;
+
+/// A block as the mirror keys it: its relation fork's number in [`Rels`] (high 32 bits) and
+/// its block number. 8 bytes where a [`BlockAddress`] takes 20: the maps hold one entry per
+/// block each node caches, millions at tens of GB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key(u64);
+
+impl Key {
+    fn rel(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    fn block(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+/// The relation forks the nodes reported, numbered in the order first seen. One entry per
+/// relation fork ever reported (a new relfilenode after a rewrite is a new one), a few dozen
+/// bytes each, kept for the agent's life.
+#[derive(Debug, Default)]
+struct Rels {
+    forks: Vec<RelFork>,
+    ids: Map<RelFork, u32>,
+}
+
+impl Rels {
+    /// The key of `addr`, numbering its relation fork if new.
+    fn key(&mut self, addr: &BlockAddress) -> Key {
+        let fork = addr.rel_fork();
+        let id = match self.ids.get(&fork) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.forks.len()).expect("fewer than 2^32 relation forks");
+                self.forks.push(fork);
+                self.ids.insert(fork, id);
+                id
+            }
+        };
+        Key(u64::from(id) << 32 | u64::from(addr.block))
+    }
+
+    /// The address of a key this made.
+    fn addr(&self, key: Key) -> BlockAddress {
+        self.forks[key.rel() as usize].block(key.block())
+    }
+}
+
 /// Which of the primary's sets a block is in: the hot set is sent every cycle, the colder
 /// blocks only into a standby's unused buffers (fill_room).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,12 +135,14 @@ pub enum Class {
     Colder,
 }
 
-/// A block the primary caches: its reports per set and the usage count last reported.
+/// A block the primary caches: its reports per set and the usage count last reported. A
+/// block is reported from two buffers at most for a sweep's length (it moved to a buffer
+/// the sweep had passed), so 16 bits count far more than ever happens.
 #[derive(Debug, Clone, Copy, Default)]
 struct Cached {
     usage: u8,
-    hot: u32,
-    colder: u32,
+    hot: u16,
+    colder: u16,
 }
 
 impl Cached {
@@ -102,7 +156,7 @@ impl Cached {
         }
     }
 
-    fn count(&mut self, class: Class) -> &mut u32 {
+    fn count(&mut self, class: Class) -> &mut u16 {
         match class {
             Class::Hot => &mut self.hot,
             Class::Colder => &mut self.colder,
@@ -114,11 +168,11 @@ impl Cached {
 #[derive(Debug, Default)]
 pub struct View {
     /// Every block its feed reports cached, with the number of its reports.
-    cached: HashMap<BlockAddress, u32>,
-    missing_hot: HashSet<BlockAddress>,
-    missing_colder: HashSet<BlockAddress>,
+    cached: Map<Key, u32>,
+    missing_hot: Set<Key>,
+    missing_colder: Set<Key>,
     /// Sent and not reported yet, with its feed's full sweeps when sent.
-    inflight: HashMap<BlockAddress, i64>,
+    inflight: Map<Key, i64>,
     /// Its feed's full sweeps in its last answer.
     sweeps: i64,
     /// Its feed completed a full sweep since its last reset.
@@ -126,7 +180,7 @@ pub struct View {
 }
 
 impl View {
-    fn missing(&mut self, class: Class) -> &mut HashSet<BlockAddress> {
+    fn missing(&mut self, class: Class) -> &mut Set<Key> {
         match class {
             Class::Hot => &mut self.missing_hot,
             Class::Colder => &mut self.missing_colder,
@@ -135,7 +189,7 @@ impl View {
 
     /// Forgets what it was sent and counts every block `primary` caches as missing, except
     /// those it caches.
-    fn miss_all(&mut self, primary: &HashMap<BlockAddress, Cached>) {
+    fn miss_all(&mut self, primary: &Map<Key, Cached>) {
         self.inflight.clear();
         self.missing_hot.clear();
         self.missing_colder.clear();
@@ -149,7 +203,7 @@ impl View {
     }
 
     /// The primary's block `addr` went from set `before` to set `after`.
-    fn reclassify(&mut self, addr: BlockAddress, before: Option<Class>, after: Option<Class>) {
+    fn reclassify(&mut self, addr: Key, before: Option<Class>, after: Option<Class>) {
         match (before, after) {
             (b, a) if b == a => {}
             (_, None) => {
@@ -174,7 +228,8 @@ impl View {
 /// What the primary caches and every standby's view of it.
 #[derive(Debug, Default)]
 pub struct Mirror {
-    primary: HashMap<BlockAddress, Cached>,
+    rels: Rels,
+    primary: Map<Key, Cached>,
     /// Blocks of `primary` in the hot set.
     hot: usize,
     /// The primary's feed completed a full sweep since its last reset.
@@ -203,12 +258,13 @@ impl Mirror {
     }
 
     /// One report of the primary's: `addr` entered (`up`) or left set `class`.
-    fn count_primary(&mut self, addr: BlockAddress, usage: u8, class: Class, up: bool) {
+    fn count_primary(&mut self, addr: &BlockAddress, usage: u8, class: Class, up: bool) {
+        let addr = self.rels.key(addr);
         let entry = self.primary.entry(addr).or_default();
         let before = entry.class();
         let count = entry.count(class);
         if up {
-            *count += 1;
+            *count = count.saturating_add(1);
             entry.usage = usage;
         } else {
             // Never below zero: a removal always follows its addition in the node's order.
@@ -245,16 +301,16 @@ impl Mirror {
         // Additions first: a block moved from one buffer to another within the answer is
         // never dropped and added back (which would forget it was sent).
         for block in answer.added.iter() {
-            self.count_primary(block.addr, block.usage, Class::Hot, true);
+            self.count_primary(&block.addr, block.usage, Class::Hot, true);
         }
         for block in answer.colder_added.iter().flat_map(BlockList::iter) {
-            self.count_primary(block.addr, block.usage, Class::Colder, true);
+            self.count_primary(&block.addr, block.usage, Class::Colder, true);
         }
         for block in answer.removed.iter() {
-            self.count_primary(block.addr, 0, Class::Hot, false);
+            self.count_primary(&block.addr, 0, Class::Hot, false);
         }
         for block in answer.colder_removed.iter().flat_map(BlockList::iter) {
-            self.count_primary(block.addr, 0, Class::Colder, false);
+            self.count_primary(&block.addr, 0, Class::Colder, false);
         }
         self.complete |= answer.sweeps > 0;
     }
@@ -262,7 +318,12 @@ impl Mirror {
     /// Applies standby `name`'s answer.
     pub fn apply_standby(&mut self, name: &str, answer: &FeedAnswer) {
         self.view(name);
-        let Mirror { primary, views, .. } = self;
+        let Mirror {
+            rels,
+            primary,
+            views,
+            ..
+        } = self;
         let view = views.get_mut(name).expect("made by view()");
         if answer.reset {
             view.cached.clear();
@@ -270,23 +331,25 @@ impl Mirror {
             view.complete = false;
         }
         for block in answer.added.iter() {
-            let count = view.cached.entry(block.addr).or_insert(0);
+            let key = rels.key(&block.addr);
+            let count = view.cached.entry(key).or_insert(0);
             *count += 1;
             if *count == 1 {
-                view.missing_hot.remove(&block.addr);
-                view.missing_colder.remove(&block.addr);
-                view.inflight.remove(&block.addr);
+                view.missing_hot.remove(&key);
+                view.missing_colder.remove(&key);
+                view.inflight.remove(&key);
             }
         }
         for block in answer.removed.iter() {
-            let Some(count) = view.cached.get_mut(&block.addr) else {
+            let key = rels.key(&block.addr);
+            let Some(count) = view.cached.get_mut(&key) else {
                 continue;
             };
             *count -= 1;
             if *count == 0 {
-                view.cached.remove(&block.addr);
-                if let Some(class) = primary.get(&block.addr).and_then(Cached::class) {
-                    view.missing(class).insert(block.addr);
+                view.cached.remove(&key);
+                if let Some(class) = primary.get(&key).and_then(Cached::class) {
+                    view.missing(class).insert(key);
                 }
             }
         }
@@ -294,16 +357,16 @@ impl Mirror {
         view.sweeps = answer.sweeps;
         let sweeps = answer.sweeps;
         let mut expired = Vec::new();
-        view.inflight.retain(|addr, sent_at| {
+        view.inflight.retain(|key, sent_at| {
             let keep = sweeps < *sent_at + INFLIGHT_SWEEPS;
             if !keep {
-                expired.push(*addr);
+                expired.push(*key);
             }
             keep
         });
-        for addr in expired {
-            if let Some(class) = primary.get(&addr).and_then(Cached::class) {
-                view.missing(class).insert(addr);
+        for key in expired {
+            if let Some(class) = primary.get(&key).and_then(Cached::class) {
+                view.missing(class).insert(key);
             }
         }
         view.complete |= answer.sweeps > 0;
@@ -314,6 +377,7 @@ impl Mirror {
     pub fn take_missing(&mut self, name: &str, class: Class, limit: usize) -> Option<BlockList> {
         self.view(name);
         let Mirror {
+            rels,
             primary,
             views,
             hot,
@@ -327,9 +391,9 @@ impl Mirror {
         }
         let mut blocks: Vec<HotBlock> = missing
             .iter()
-            .map(|&addr| HotBlock {
-                addr,
-                usage: primary.get(&addr).map_or(0, |c| c.usage),
+            .map(|&key| HotBlock {
+                addr: rels.addr(key),
+                usage: primary.get(&key).map_or(0, |c| c.usage),
             })
             .collect();
         if blocks.len() > limit {
@@ -338,12 +402,11 @@ impl Mirror {
             });
             blocks.truncate(limit);
         }
-        for block in &blocks {
-            missing.remove(&block.addr);
+        let keys: Vec<Key> = blocks.iter().map(|block| rels.key(&block.addr)).collect();
+        for key in &keys {
+            missing.remove(key);
         }
-        for block in &blocks {
-            view.inflight.insert(block.addr, sweeps);
-        }
+        view.inflight.extend(keys.iter().map(|&key| (key, sweeps)));
         let bytes =
             encode_block_list(&mut blocks, *hot as u64, 0).expect("addresses from valid lists");
         Some(BlockList::decode(&bytes).expect("a list we just encoded"))
@@ -352,7 +415,12 @@ impl Mirror {
     /// Blocks of `batches` (lists take_missing made, then split) that were not sent to
     /// standby `name` after all (its share of the cycle ended first): missing again.
     pub fn unsend(&mut self, name: &str, batches: &[Vec<u8>]) {
-        let Mirror { primary, views, .. } = self;
+        let Mirror {
+            rels,
+            primary,
+            views,
+            ..
+        } = self;
         let Some(view) = views.get_mut(name) else {
             return;
         };
@@ -361,9 +429,10 @@ impl Mirror {
             .filter_map(|bytes| BlockList::decode(bytes).ok())
         {
             for block in list.iter() {
-                if view.inflight.remove(&block.addr).is_some() {
-                    if let Some(class) = primary.get(&block.addr).and_then(Cached::class) {
-                        view.missing(class).insert(block.addr);
+                let key = rels.key(&block.addr);
+                if view.inflight.remove(&key).is_some() {
+                    if let Some(class) = primary.get(&key).and_then(Cached::class) {
+                        view.missing(class).insert(key);
                     }
                 }
             }
