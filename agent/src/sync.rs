@@ -57,11 +57,18 @@ use crate::node::{
 use crate::notify;
 use crate::topology::{self, Target};
 
-/// The longest wait before asking a host that was not in recovery again.
 /// A standby's change feed: every cached block is in its set.
 const EVERY_CACHED_BLOCK: i32 = -1;
 
+/// The longest wait before asking a host that was not in recovery again.
 const NOT_A_STANDBY_RECHECK: Duration = Duration::from_secs(10);
+
+/// The longest wait before connecting again to a node that could not be reached (refused,
+/// starting up, unreachable), unless the interval is longer: a failed connection attempt
+/// costs the node nothing, and a standby that restarted is cold, so it should be warmed as
+/// soon as it accepts connections, not a doubled backoff later (which would add about as
+/// long again as the restart took). Other faults back off up to max_backoff.
+const RECONNECT_CEILING: Duration = Duration::from_secs(1);
 
 /// fill_room leaves this share of a standby's buffers unused (1/64), for replay and the
 /// standby's own reads, which would otherwise have to evict to get a buffer.
@@ -210,6 +217,16 @@ pub enum CycleError {
 }
 
 impl CycleError {
+    /// The longest backoff after this error: [`RECONNECT_CEILING`] (or the interval, if
+    /// longer) when a node could not be connected to, else `max_backoff`.
+    pub fn backoff_cap(&self, cfg: &Config) -> Duration {
+        if self.stage() == Some(Stage::Connect) {
+            cfg.interval.max(RECONNECT_CEILING).min(cfg.max_backoff)
+        } else {
+            cfg.max_backoff
+        }
+    }
+
     /// The `stage` label this error is counted under; none for the non-faults.
     pub fn stage(&self) -> Option<Stage> {
         match self {
@@ -905,9 +922,10 @@ impl Syncer {
         if let Some(stage) = error.stage() {
             self.metrics.cycle_error(stage);
         }
+        let cap = error.backoff_cap(&self.cfg);
         let standby = &mut self.standbys[i];
         let text = error.to_string();
-        if let Some(retry) = standby.defer(Duration::MAX, text.clone()) {
+        if let Some(retry) = standby.defer(cap, text.clone()) {
             match error {
                 CycleError::Safety(_) => {
                     error!(standby = %standby.name, "{text}; retrying in {retry}")
@@ -1805,7 +1823,7 @@ pub async fn run(
                 if let Some(stage) = e.stage() {
                     metrics.cycle_error(stage);
                 }
-                let delay = backoff.next_delay();
+                let delay = backoff.next_delay().min(e.backoff_cap(&cfg));
                 let retry = format_duration(Duration::from_millis(delay.as_millis() as u64));
                 match &e {
                     CycleError::Safety(_)
@@ -1996,6 +2014,28 @@ mod tests {
         };
         assert!(another_cycle(&conflicted(50)));
         assert!(another_cycle(&conflicted(0)));
+    }
+
+    #[test]
+    fn an_unreachable_node_is_tried_again_within_a_second_other_faults_back_off_further() {
+        let (syncer, _) = syncer();
+        let cfg = &syncer.cfg;
+        assert_eq!(cfg.max_backoff, Duration::from_secs(30));
+        let unreachable = CycleError::Topology("no leader".into());
+        assert_eq!(unreachable.backoff_cap(cfg), RECONNECT_CEILING);
+        let corrupt = CycleError::Decode("bad list".into());
+        assert_eq!(corrupt.backoff_cap(cfg), cfg.max_backoff);
+        // A long interval is not shortened, and max_backoff stays the limit.
+        let slow = Config {
+            interval: Duration::from_secs(5),
+            ..cfg.as_ref().clone()
+        };
+        assert_eq!(unreachable.backoff_cap(&slow), Duration::from_secs(5));
+        let tight = Config {
+            max_backoff: Duration::from_millis(500),
+            ..cfg.as_ref().clone()
+        };
+        assert_eq!(unreachable.backoff_cap(&tight), Duration::from_millis(500));
     }
 
     fn syncer() -> (Syncer, Arc<Metrics>) {
