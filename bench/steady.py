@@ -32,11 +32,13 @@ shared_buffers = S on both:
        pg_buffercache is polled until they are all cached;
   3. a markdown table, and the costs extrapolated to 64 GB and 256 GB of shared_buffers;
   4. with --cold-restart 1, under the same load: the standby restarted cold (CHECKPOINT on both,
-     stopped, its files dropped from the page cache, started) with the agent running, and the
-     seconds from its start until pg_buffercache shows 99% of the primary's hot set on it (polled
-     every 2 s); then the same restart without the agent, and the seconds pg_prewarm takes to read
-     the data set's table and index on it (the blocks the agent loads, in the same block order).
-     The disk's time for the hot set is pg_prewarm's time scaled by hot set / data set blocks.
+     stopped, its files dropped from the page cache, started) three times. First without the
+     agent, pg_prewarm reading the data set's table and index (not timed: it gives the disk
+     reads after it the same footing, see cold_restart()). Then with the agent: the seconds
+     from the standby's being ready until the end of the agent's last batch before
+     pg_buffercache on both nodes shows 99% of the primary's hot set on the standby. Then
+     without the agent again, and the seconds pg_prewarm takes to read the data set: the
+     disk's time, scaled by hot set / data set blocks.
 
 Each size's cluster is destroyed before the next starts. Both nodes run on this host: 2 x S of
 shared_buffers must fit in memory (a size that does not is refused).
@@ -472,9 +474,10 @@ def measure(label: str, size: int, nbuffers: int, data_mb: int, cluster: Cluster
 WARM = 0.99
 
 
-def restart_standby_cold(cluster: Cluster) -> float:
-    """Cluster.make_standby_cold() up to the start: returns the time (monotonic) the standby
-    was started, so that what follows (replay, the agent) is timed from there."""
+def restart_standby_cold(cluster: Cluster) -> tuple[float, float]:
+    """Cluster.make_standby_cold() up to the start: returns the times (monotonic) the standby
+    was started and was ready (pg_ctl -w returned: it accepts read-only connections), so that
+    what follows (replay, the agent) is timed from there."""
     primary, standby = cluster.primary, cluster.standby
     primary.sql("CHECKPOINT")
     cluster.wait_caught_up()
@@ -483,46 +486,90 @@ def restart_standby_cold(cluster: Cluster) -> float:
     standby.drop_os_cache()
     started = time.monotonic()
     standby.start()
-    return started
+    return started, time.monotonic()
 
 
-def cold_restart(label: str, cluster: Cluster, agent: AgentProcess, args: argparse.Namespace) -> None:
-    """Step 4 of the module's description; `agent` (running) is stopped on the way."""
-    from harness.cluster import coverage
+# The agent's loading is taken as over once its standby's loaded counter has not moved for
+# this long (its calls take about 0.1 s each); only then is pg_buffercache asked, as often as
+# CHECK_EVERY at most: on 2 x 1 M buffers a poll takes a core for about a second, which
+# would slow the loading it measures.
+LOAD_QUIET = 0.8
+CHECK_EVERY = 2.0
 
-    primary, standby = cluster.primary, cluster.standby
-    try:
-        warm_up(agent, 0, option(args, "warmup-timeout"), lambda: None)
-        loaded_before = agent.metric("ccm_agent_blocks_loaded_total")
-        resets_before = agent.metric("ccm_agent_feed_resets_total")
-        started = restart_standby_cold(cluster)
-        timeout = option(args, "warmup-timeout")
-        # The agent's own coverage first (cheap to poll; it counts a block only once the
-        # standby's feed reported it), then pg_buffercache on both nodes, which decides.
-        poll(lambda: agent.metric("ccm_agent_feed_resets_total") > resets_before, timeout, 0.1)
-        reset_cycle = agent.metric("ccm_agent_cycles_total")  # the coverage gauge is set at a cycle's end
-        poll(lambda: agent.metric("ccm_agent_cycles_total") > reset_cycle
-             and agent.metric("ccm_agent_coverage_ratio") >= WARM, timeout, 0.25)
-        said = time.monotonic() - started
-        done, _ = poll(lambda: coverage(primary, standby)[0] >= WARM, timeout, 0.5)
-        seconds = time.monotonic() - started
-        hot = coverage(primary, standby)[1]
-        loaded = agent.metric("ccm_agent_blocks_loaded_total") - loaded_before
-    finally:
-        agent.stop()
-    say(f"{label} cold restart with the agent: {WARM:.0%} of the hot set ({hot:,} blocks) cached "
-        + (f"{seconds:.1f} s" if done else f"not within {seconds:.0f} s") + " after the standby's start "
-        f"(pg_buffercache on both nodes, the end of the first poll that found it; the agent's own coverage "
-        f"said so at {said:.1f} s; {loaded:,.0f} blocks loaded by the agent)")
-    restart_standby_cold(cluster)
+
+def prewarm_cold(cluster: Cluster) -> tuple[int, float, float]:
+    """The standby restarted cold without the agent, then pg_prewarm of the data set's table
+    and index on it: the blocks read, the seconds that took, and the seconds from its being
+    ready to the start of the reads (catching up with the primary)."""
+    standby = cluster.standby
+    _, ready = restart_standby_cold(cluster)
     cluster.wait_caught_up()
     began = time.monotonic()
     read = sum(standby.one("SELECT pg_prewarm(%s)", [relation]) for relation in (DATA, f"{DATA}_pkey"))
-    disk = time.monotonic() - began
+    return read, time.monotonic() - began, began - ready
+
+
+def cold_restart(label: str, cluster: Cluster, agent: AgentProcess, args: argparse.Namespace) -> None:
+    """Step 4 of the module's description; `agent` (running) is stopped on the way.
+
+    The data set is read from disk three times, each time after a cold restart of the
+    standby: by pg_prewarm (not timed for the ratio: on a VM the host's own cache keeps what
+    was read recently, so the first read of a file runs at the storage's speed and later ones
+    faster, and this one puts both timed reads on the same footing), by the agent, and by
+    pg_prewarm again (the disk's time). For the agent, three times from the standby's start:
+    ready (it accepts connections, so that anyone could read from then on), the end of the
+    agent's last ccm_prewarm batch before pg_buffercache on both nodes first found 99% of the
+    primary's hot set cached on the standby (the agent's per-standby counter of loaded
+    blocks, polled every 0.1 s, says when each batch ended), and the end of that
+    pg_buffercache poll. The ratio compares the agent's time from ready to its last batch
+    with pg_prewarm's second read, scaled to the hot set's size."""
+    from harness.cluster import coverage
+
+    primary = cluster.primary
+    counter = "ccm_agent_standby_blocks_loaded_total"
+    agent.stop()
+    _, first_disk, _ = prewarm_cold(cluster)
+    agent.start()
+    try:
+        warm_up(agent, 0, option(args, "warmup-timeout"), lambda: None)
+        loaded_before = agent.metric(counter)
+        started, ready = restart_standby_cold(cluster)
+        timeout = option(args, "warmup-timeout")
+        last, moved_at, checked_at = loaded_before, None, 0.0
+        done, hot = False, 0
+
+        def cached() -> bool:
+            nonlocal last, moved_at, checked_at, hot
+            loaded = agent.metric(counter)
+            now = time.monotonic()
+            if loaded != last:
+                last, moved_at = loaded, now
+                return False
+            quiet = now - (moved_at or ready)
+            if quiet < (LOAD_QUIET if moved_at else 5.0) or now - checked_at < CHECK_EVERY:
+                return False
+            ratio, hot = coverage(primary, cluster.standby)
+            checked_at = time.monotonic()
+            return ratio >= WARM
+
+        done, _ = poll(cached, timeout, 0.1)
+        confirmed = time.monotonic()
+        loaded = agent.metric(counter) - loaded_before
+    finally:
+        agent.stop()
+    agent_seconds = (moved_at or confirmed) - ready
+    say(f"{label} cold restart with the agent: the standby was ready {ready - started:.1f} s after its start; "
+        + (f"{WARM:.0%} of the hot set ({hot:,} blocks) cached when the agent's last batch ended, "
+           f"{agent_seconds:.1f} s after ready, confirmed by pg_buffercache on both nodes {confirmed - ready:.1f} s "
+           f"after ready" if done else f"{WARM:.0%} of the hot set not cached within {confirmed - ready:.0f} s")
+        + f" ({loaded:,.0f} blocks loaded by the agent)")
+    read, disk, waited = prewarm_cold(cluster)
     scaled = disk * hot / read if read else None
     say(f"{label} cold restart without the agent: pg_prewarm read the data set's {read:,} blocks in {disk:.1f} s "
-        f"({read * 8192 / 2**20 / disk:.0f} MB/s); for the hot set's {hot:,} blocks that is {fmt(scaled, 1)} s"
-        + (f"; the agent took {seconds / scaled:.2f} x that" if done and scaled else ""))
+        f"({read * 8192 / 2**20 / disk:.0f} MB/s; the first read, before the agent's, took {first_disk:.1f} s), "
+        f"starting {waited:.1f} s after ready; for the hot set's {hot:,} blocks that is {fmt(scaled, 1)} s"
+        + (f"; the agent took {agent_seconds / scaled:.2f} x that from ready "
+           f"({(confirmed - ready) / scaled:.2f} x to pg_buffercache's confirmation)" if done and scaled else ""))
     say()
 
 
