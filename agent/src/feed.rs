@@ -187,12 +187,18 @@ impl View {
         }
     }
 
-    /// Forgets what it was sent and counts every block `primary` caches as missing, except
-    /// those it caches.
-    fn miss_all(&mut self, primary: &Map<Key, Cached>) {
+    /// Forgets what the primary caches, as far as it concerns this standby: what it lacks
+    /// and what it was sent. What it caches stays known.
+    fn forget_primary(&mut self) {
         self.inflight.clear();
         self.missing_hot.clear();
         self.missing_colder.clear();
+    }
+
+    /// Forgets what it was sent and counts every block `primary` caches as missing, except
+    /// those it caches.
+    fn miss_all(&mut self, primary: &Map<Key, Cached>) {
+        self.forget_primary();
         for (addr, cached) in primary {
             if let Some(class) = cached.class() {
                 if !self.cached.contains_key(addr) {
@@ -292,9 +298,7 @@ impl Mirror {
             self.primary.clear();
             self.hot = 0;
             for view in self.views.values_mut() {
-                view.missing_hot.clear();
-                view.missing_colder.clear();
-                view.inflight.clear();
+                view.forget_primary();
             }
             self.complete = false;
         }

@@ -96,7 +96,14 @@ def test_a_consumer_that_falls_behind_misses_what_left_the_cache():
     with primary_only(cache=str(cache_pages)) as primary:
         pgbench(primary, "-i", "-s", "2", "-q")
         created = primary.one("SELECT lsn::text FROM pg_create_logical_replication_slot('late', 'test_decoding')")
-        pgbench(primary, "-c", "2", "-j", "2", "-T", "3", "-n")  # many MB, far beyond 1 MB
+
+        def far_behind() -> bool:
+            # Seconds of pgbench until the slot is 8 MB behind, far beyond the 1 MB cache,
+            # however fast this machine runs it (3 s once wrote only 504 pages).
+            pgbench(primary, "-c", "2", "-j", "2", "-T", "1", "-n")
+            return pages_between(created, primary.one("SELECT pg_current_wal_insert_lsn()::text")) > 8 * cache_pages
+
+        primary.wait_until(far_behind, "8 MB of WAL past the slot", timeout=120)
         # The cache holds the pages behind the flush position. With synchronous_commit off,
         # the WAL writer flushes pgbench's last WAL up to 200 ms later (wal_writer_delay; 85
         # pages seen on 17), moving the window on: wait for it before reading the window.
