@@ -393,24 +393,31 @@ impl Mirror {
         if missing.is_empty() || limit == 0 {
             return None;
         }
-        let mut blocks: Vec<HotBlock> = missing
+        let mut taken: Vec<(Key, HotBlock)> = missing
             .iter()
-            .map(|&key| HotBlock {
-                addr: rels.addr(key),
-                usage: primary.get(&key).map_or(0, |c| c.usage),
+            .map(|&key| {
+                let usage = primary.get(&key).map_or(0, |c| c.usage);
+                (
+                    key,
+                    HotBlock {
+                        addr: rels.addr(key),
+                        usage,
+                    },
+                )
             })
             .collect();
-        if blocks.len() > limit {
-            blocks.select_nth_unstable_by(limit - 1, |a, b| {
+        if taken.len() > limit {
+            taken.select_nth_unstable_by(limit - 1, |(_, a), (_, b)| {
                 b.usage.cmp(&a.usage).then(a.addr.cmp(&b.addr))
             });
-            blocks.truncate(limit);
+            taken.truncate(limit);
         }
-        let keys: Vec<Key> = blocks.iter().map(|block| rels.key(&block.addr)).collect();
-        for key in &keys {
+        for (key, _) in &taken {
             missing.remove(key);
         }
-        view.inflight.extend(keys.iter().map(|&key| (key, sweeps)));
+        view.inflight
+            .extend(taken.iter().map(|&(key, _)| (key, sweeps)));
+        let mut blocks: Vec<HotBlock> = taken.into_iter().map(|(_, block)| block).collect();
         let bytes =
             encode_block_list(&mut blocks, *hot as u64, 0).expect("addresses from valid lists");
         Some(BlockList::decode(&bytes).expect("a list we just encoded"))
