@@ -57,14 +57,21 @@ def current_lsn(node: Node) -> str:
     return node.one("SELECT pg_current_wal_lsn()::text")
 
 
-def wait_counted(node: Node, slot: str, position: str, timeout: float = 60) -> dict:
-    """Waits until the counters reach `position` (a tick after the slot did)."""
-    def reached():
-        confirmed = node.one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot])
-        return lsn_to_int(confirmed) >= lsn_to_int(position)
-    node.wait_until(reached, f"slot {slot} at {position}", timeout=timeout)
-    time.sleep(0.1)  # ten ticks
+def wait_counted(node: Node, slot: str, pages: int, timeout: float = 60) -> dict:
+    """Waits until the worker has counted at least `pages` WAL pages for the slot, and
+    returns its row. The worker counts a tick after the slot moves; under load a tick can
+    come later than the 10 ms it is due, so the tests wait for the count, not for a time."""
+    node.wait_until(lambda: (wal_cache_row(node, slot) or {}).get("blks_read", 0) >= pages,
+                    f"{pages} pages counted for slot {slot}", timeout=timeout)
     return wal_cache_row(node, slot)
+
+
+def confirmed_flush(node: Node, slot: str) -> str:
+    return node.one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [slot])
+
+
+def wait_slot_at(node: Node, slot: str, position: str) -> None:
+    node.wait_until(lambda: lsn_to_int(confirmed_flush(node, slot)) >= lsn_to_int(position), f"slot {slot} at {position}")
 
 
 def test_a_consumer_that_keeps_up_is_served_from_the_cache():
@@ -75,7 +82,9 @@ def test_a_consumer_that_keeps_up_is_served_from_the_cache():
         try:
             primary.wait_until(lambda: wal_cache_row(primary, "cdc")["active_pid"] is not None, "pg_recvlogical to attach")
             pgbench(primary, "-c", "2", "-j", "2", "-T", "5", "-n")
-            row = wait_counted(primary, "cdc", current_lsn(primary))
+            position = current_lsn(primary)
+            wait_slot_at(primary, "cdc", position)
+            row = wait_counted(primary, "cdc", pages_between(created, position) - 2)
             sent = primary.one("SELECT sent_lsn::text FROM pg_stat_replication WHERE application_name = 'pg_recvlogical'")
             walsender = primary.one("SELECT pid FROM pg_stat_replication WHERE application_name = 'pg_recvlogical'")
         finally:
@@ -110,11 +119,12 @@ def test_a_consumer_that_falls_behind_misses_what_left_the_cache():
         inserted = primary.one("SELECT pg_current_wal_insert_lsn()::text")
         primary.wait_until(lambda: lsn_to_int(primary.one("SELECT pg_current_wal_flush_lsn()::text")) >= lsn_to_int(inserted),
                            "pgbench's WAL to be flushed")
-        time.sleep(0.1)  # ten ticks of the worker
+        primary.wait_until(lambda: lsn_to_int(wal_cache_status(primary)["newest_ptr"]) >= lsn_to_int(inserted) - PAGE,
+                           "the cache's window to reach the flushed WAL")
         oldest_before = primary.one("SELECT get_oldest_wal_cache_ptr()::text")
         primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('late', NULL, NULL)")
-        confirmed = primary.one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'late'")
-        row = wait_counted(primary, "late", confirmed)
+        confirmed = confirmed_flush(primary, "late")
+        row = wait_counted(primary, "late", pages_between(created, confirmed))
     consumed = pages_between(created, confirmed)
     held_when_read = pages_between(oldest_before, confirmed)
     assert consumed > 4 * cache_pages
@@ -146,8 +156,7 @@ def test_a_pgoutput_subscription_that_keeps_up_is_served_from_the_cache():
             subscriber.wait_until(
                 lambda: subscriber.one("SELECT count(*) FROM pgbench_history") == source,
                 "the subscriber to apply every insert")
-            time.sleep(0.1)
-            row = wal_cache_row(primary, "bench")
+            row = wait_counted(primary, "bench", 301)
             walsender = primary.one("SELECT pid FROM pg_stat_replication WHERE application_name = 'bench'")
             applied = subscriber.one("SELECT count(*) FROM pgbench_history")
         finally:
@@ -166,8 +175,7 @@ def test_reset_and_unknown_slots():
         pgbench(primary, "-c", "1", "-T", "1", "-n")
         for slot in ("one", "two"):
             primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes(%s, NULL, NULL)", [slot])
-        time.sleep(0.1)
-        before = {slot: wal_cache_row(primary, slot) for slot in ("one", "two")}
+        before = {slot: wait_counted(primary, slot, 1) for slot in ("one", "two")}
         assert all(row["blks_read"] > 0 for row in before.values()), before
 
         assert primary.one("SELECT aurora_stat_reset_wal_cache('one')") == "Reset the logical wal cache counter."
@@ -187,8 +195,7 @@ def test_reset_and_unknown_slots():
         # Counting goes on after a reset.
         pgbench(primary, "-c", "1", "-T", "1", "-n")
         primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('one', NULL, NULL)")
-        time.sleep(0.1)
-        assert wal_cache_row(primary, "one")["blks_read"] > 0
+        wait_counted(primary, "one", 1)
 
         # Not for PUBLIC; reading is for pg_monitor.
         primary.sql("CREATE ROLE watcher LOGIN; GRANT pg_monitor TO watcher; CREATE ROLE nobody LOGIN")
@@ -208,9 +215,7 @@ def test_a_dropped_slot_disappears_and_a_new_one_starts_from_zero():
         primary.sql("SELECT pg_create_logical_replication_slot('gone', 'test_decoding')")
         pgbench(primary, "-c", "1", "-T", "1", "-n")
         primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('gone', NULL, NULL)")
-        time.sleep(0.1)
-        first = wal_cache_row(primary, "gone")
-        assert first["blks_read"] > 0
+        first = wait_counted(primary, "gone", 1)
         primary.sql("SELECT pg_drop_replication_slot('gone')")
         assert wal_cache_row(primary, "gone") is None
         time.sleep(0.1)
@@ -264,6 +269,7 @@ def test_the_cache_holds_the_newest_wal_in_memory_across_a_restart():
         check_the_window_survives_eviction(primary, cache_pages)
         # Counting starts again at the slot's position, and a consumer that keeps up hits.
         assert wal_cache_row(primary, "kept")["blks_read"] == 0
+        start = confirmed_flush(primary, "kept")
         # Well under 4 MB of WAL, full-page images after the restart's checkpoint included
         # (30 transactions wrote 3.2 MB of it, too close to the cache's size).
         pgbench(primary, "-c", "1", "-t", "10", "-n")
@@ -271,9 +277,10 @@ def test_the_cache_holds_the_newest_wal_in_memory_across_a_restart():
                              "FROM pg_replication_slots WHERE slot_name = 'kept'")
         assert behind < cache_pages * 8192 * 3 // 4, f"the slot is {behind} bytes behind: too close to the cache's size"
         primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('kept', NULL, NULL)")
-        time.sleep(0.1)
-        row = wal_cache_row(primary, "kept")
-        assert row["blks_read"] > 0 and row["cache_miss"] == 0, row
+        consumed = pages_between(start, confirmed_flush(primary, "kept"))
+        assert consumed > 0
+        row = wait_counted(primary, "kept", consumed)
+        assert row["blks_read"] == consumed and row["cache_miss"] == 0, (row, consumed)
 
 
 def check_the_window_survives_eviction(primary: Node, cache_pages: int) -> None:
@@ -348,7 +355,8 @@ def test_the_agent_reports_the_wal_cache(log_dir):
         agent = AgentProcess(primary.conninfo(user="ccm"), cluster.standby.conninfo(user="ccm"), log_dir)
         try:
             pgbench(primary, "-c", "1", "-T", "2", "-n")
-            wait_counted(primary, "cdc", current_lsn(primary))
+            wait_slot_at(primary, "cdc", current_lsn(primary))
+            wait_counted(primary, "cdc", 1)
             status = run_agent_json("status", "--primary", primary.conninfo(user="ccm"),
                                     "--standby", cluster.standby.conninfo(user="ccm"))
             with agent:
