@@ -121,6 +121,13 @@ impl Rels {
         Key(u64::from(id) << 32 | u64::from(addr.block))
     }
 
+    /// The key of `addr` if its relation fork is numbered: a block of a fork never reported
+    /// is in none of the maps, so a lookup need not number it.
+    fn get(&self, addr: &BlockAddress) -> Option<Key> {
+        let id = *self.ids.get(&addr.rel_fork())?;
+        Some(Key(u64::from(id) << 32 | u64::from(addr.block)))
+    }
+
     /// The address of a key this made.
     fn addr(&self, key: Key) -> BlockAddress {
         self.forks[key.rel() as usize].block(key.block())
@@ -265,7 +272,15 @@ impl Mirror {
 
     /// One report of the primary's: `addr` entered (`up`) or left set `class`.
     fn count_primary(&mut self, addr: &BlockAddress, usage: u8, class: Class, up: bool) {
-        let addr = self.rels.key(addr);
+        let key = if up {
+            Some(self.rels.key(addr))
+        } else {
+            self.rels.get(addr)
+        };
+        // A removal of a block never added (the feed started after it) changes nothing.
+        let Some(addr) = key else {
+            return;
+        };
         let entry = self.primary.entry(addr).or_default();
         let before = entry.class();
         let count = entry.count(class);
@@ -345,7 +360,9 @@ impl Mirror {
             }
         }
         for block in answer.removed.iter() {
-            let key = rels.key(&block.addr);
+            let Some(key) = rels.get(&block.addr) else {
+                continue;
+            };
             let Some(count) = view.cached.get_mut(&key) else {
                 continue;
             };
@@ -440,7 +457,9 @@ impl Mirror {
             .filter_map(|bytes| BlockList::decode(bytes).ok())
         {
             for block in list.iter() {
-                let key = rels.key(&block.addr);
+                let Some(key) = rels.get(&block.addr) else {
+                    continue;
+                };
                 if view.inflight.remove(&key).is_some() {
                     if let Some(class) = primary.get(&key).and_then(Cached::class) {
                         view.missing(class).insert(key);
@@ -600,6 +619,18 @@ mod tests {
         assert_eq!(m.lacking("s"), 1);
         m.apply_primary(&answer(false, &[], &[1]));
         assert_eq!((m.hot_len(), m.lacking("s")), (0, 0));
+    }
+
+    #[test]
+    fn lookups_do_not_number_relation_forks() {
+        // Removals and unsent batches of a fork never reported added leave no entry behind.
+        let mut m = Mirror::default();
+        m.apply_primary(&answer(true, &[], &[1]));
+        m.apply_standby("s", &answer(true, &[], &[2]));
+        m.unsend("s", &[encode_block_list(&mut vec![HotBlock { addr: addr(3), usage: 5 }], 0, 0).unwrap()]);
+        assert!(m.rels.forks.is_empty());
+        m.apply_primary(&answer(false, &[(1, 5)], &[]));
+        assert_eq!((m.rels.forks.len(), m.lacking("s")), (1, 1));
     }
 
     #[test]
