@@ -31,14 +31,14 @@ shared_buffers = S on both:
        primary (usage count 5, hot: above ccm.usage_threshold 3), and the standby's
        pg_buffercache is polled until they are all cached;
   3. a markdown table, and the costs extrapolated to 64 GB and 256 GB of shared_buffers;
-  4. with --cold-restart 1, under the same load: the standby restarted cold (CHECKPOINT on both,
-     stopped, its files dropped from the page cache, started) three times. First without the
+  4. with --cold-restart N, under the same load: the standby restarted cold (CHECKPOINT on both,
+     stopped, its files dropped from the page cache, started) 1 + 2N times. First without the
      agent, pg_prewarm reading the data set's table and index (not timed: it gives the disk
-     reads after it the same footing, see cold_restart()). Then with the agent: the seconds
-     from the standby's being ready until the end of the agent's last batch before
-     pg_buffercache on both nodes shows 99% of the primary's hot set on the standby. Then
-     without the agent again, and the seconds pg_prewarm takes to read the data set: the
-     disk's time, scaled by hot set / data set blocks.
+     reads after it the same footing, see cold_restart()). Then N rounds of: with the agent,
+     the seconds from the standby's being ready until the end of the agent's last batch
+     before pg_buffercache on both nodes shows 99% of the primary's hot set on the standby;
+     without the agent, the seconds pg_prewarm takes to read the data set: the disk's time,
+     scaled by hot set / data set blocks. The median of the rounds' ratios is reported.
 
 Each size's cluster is destroyed before the next starts. Both nodes run on this host: 2 x S of
 shared_buffers must fit in memory (a size that does not is refused).
@@ -85,9 +85,10 @@ STEADY_OPTIONS = (
     ("probe-interval", float, 5.0, "seconds between hot -> cached probes (default 5)"),
     ("probe-blocks", int, 20, "pages made hot on the primary per probe (default 20)"),
     ("probe-timeout", float, 30.0, "longest wait for a probe's pages on the standby (default 30)"),
-    ("cold-restart", int, 0, "1: after the exchanges, restart the standby cold (files dropped from the page cache) "
-                             "with the agent (change feed) warming it, then again without the agent and time "
-                             "pg_prewarm of the data set on it: the disk's own time for those blocks (default 0)"),
+    ("cold-restart", int, 0, "N: after the exchanges, N rounds of: restart the standby cold (files dropped from the "
+                             "page cache) with the agent (change feed) warming it, then again without the agent and "
+                             "time pg_prewarm of the data set on it, the disk's own time for those blocks; the "
+                             "median ratio is reported (default 0)"),
 )
 
 
@@ -512,23 +513,48 @@ def prewarm_cold(cluster: Cluster) -> tuple[int, float, float]:
 def cold_restart(label: str, cluster: Cluster, agent: AgentProcess, args: argparse.Namespace) -> None:
     """Step 4 of the module's description; `agent` (running) is stopped on the way.
 
-    The data set is read from disk three times, each time after a cold restart of the
-    standby: by pg_prewarm (not timed for the ratio: on a VM the host's own cache keeps what
-    was read recently, so the first read of a file runs at the storage's speed and later ones
-    faster, and this one puts both timed reads on the same footing), by the agent, and by
-    pg_prewarm again (the disk's time). For the agent, three times from the standby's start:
-    ready (it accepts connections, so that anyone could read from then on), the end of the
-    agent's last ccm_prewarm batch before pg_buffercache on both nodes first found 99% of the
-    primary's hot set cached on the standby (the agent's per-standby counter of loaded
-    blocks, polled every 0.1 s, says when each batch ended), and the end of that
-    pg_buffercache poll. The ratio compares the agent's time from ready to its last batch
-    with pg_prewarm's second read, scaled to the hot set's size."""
+    The data set is read from disk after a cold restart of the standby, first by pg_prewarm
+    (not timed for the ratio: on a VM the host's own cache keeps what was read recently, so
+    the first read of a file runs at the storage's speed and later ones faster, and this one
+    puts the timed reads on the same footing), then --cold-restart times in turn by the
+    agent and by pg_prewarm (the disk's time). Single reads vary by up to 2x on this VM
+    (mostly the kernel zeroing the new server's shared memory as the reads first touch it,
+    BENCHMARKS.md), hence rounds and a median. For the agent, three times from the
+    standby's start: ready (it accepts connections, so that anyone could read from then
+    on), the end of the agent's last ccm_prewarm batch before pg_buffercache on both nodes
+    first found 99% of the primary's hot set cached on the standby (the agent's per-standby
+    counter of loaded blocks, polled every 0.1 s, says when each batch ended), and the end
+    of that pg_buffercache poll. A round's ratio compares the agent's time from ready to its
+    last batch with the pg_prewarm read after it, scaled to the hot set's size."""
+    agent.stop()
+    _, first_disk, _ = prewarm_cold(cluster)
+    say(f"{label} cold restart, untimed first read: pg_prewarm read the data set in {first_disk:.1f} s")
+    ratios = []
+    for round_ in range(1, option(args, "cold-restart") + 1):
+        done, agent_seconds, confirmed, hot = agent_cold(f"{label} round {round_}", cluster, agent, args)
+        read, disk, waited = prewarm_cold(cluster)
+        scaled = disk * hot / read if read else None
+        if done and scaled:
+            ratios.append(agent_seconds / scaled)
+        say(f"{label} round {round_} without the agent: pg_prewarm read the data set's {read:,} blocks in {disk:.1f} s "
+            f"({read * 8192 / 2**20 / disk:.0f} MB/s), starting {waited:.1f} s after ready; for the hot set's "
+            f"{hot:,} blocks that is {fmt(scaled, 1)} s"
+            + (f"; the agent took {agent_seconds / scaled:.2f} x that from ready "
+               f"({confirmed / scaled:.2f} x to pg_buffercache's confirmation)" if done and scaled else ""))
+    if ratios:
+        say(f"{label} cold restart: the agent's time over the disk's, median of {len(ratios)} rounds: "
+            f"{statistics.median(ratios):.2f} x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
+    say()
+
+
+def agent_cold(label: str, cluster: Cluster, agent: AgentProcess, args: argparse.Namespace) -> tuple[bool, float, float, int]:
+    """One cold restart with the agent warming the standby (see cold_restart): whether 99%
+    was reached, the seconds from ready to the agent's last batch and to pg_buffercache's
+    confirmation, and the hot set's size."""
     from harness.cluster import coverage
 
     primary = cluster.primary
     counter = "ccm_agent_standby_blocks_loaded_total"
-    agent.stop()
-    _, first_disk, _ = prewarm_cold(cluster)
     agent.start()
     try:
         warm_up(agent, 0, option(args, "warmup-timeout"), lambda: None)
@@ -536,7 +562,7 @@ def cold_restart(label: str, cluster: Cluster, agent: AgentProcess, args: argpar
         started, ready = restart_standby_cold(cluster)
         timeout = option(args, "warmup-timeout")
         last, moved_at, checked_at = loaded_before, None, 0.0
-        done, hot = False, 0
+        hot = 0
 
         def cached() -> bool:
             nonlocal last, moved_at, checked_at, hot
@@ -558,19 +584,12 @@ def cold_restart(label: str, cluster: Cluster, agent: AgentProcess, args: argpar
     finally:
         agent.stop()
     agent_seconds = (moved_at or confirmed) - ready
-    say(f"{label} cold restart with the agent: the standby was ready {ready - started:.1f} s after its start; "
+    say(f"{label} with the agent: the standby was ready {ready - started:.1f} s after its start; "
         + (f"{WARM:.0%} of the hot set ({hot:,} blocks) cached when the agent's last batch ended, "
            f"{agent_seconds:.1f} s after ready, confirmed by pg_buffercache on both nodes {confirmed - ready:.1f} s "
            f"after ready" if done else f"{WARM:.0%} of the hot set not cached within {confirmed - ready:.0f} s")
         + f" ({loaded:,.0f} blocks loaded by the agent)")
-    read, disk, waited = prewarm_cold(cluster)
-    scaled = disk * hot / read if read else None
-    say(f"{label} cold restart without the agent: pg_prewarm read the data set's {read:,} blocks in {disk:.1f} s "
-        f"({read * 8192 / 2**20 / disk:.0f} MB/s; the first read, before the agent's, took {first_disk:.1f} s), "
-        f"starting {waited:.1f} s after ready; for the hot set's {hot:,} blocks that is {fmt(scaled, 1)} s"
-        + (f"; the agent took {agent_seconds / scaled:.2f} x that from ready "
-           f"({(confirmed - ready) / scaled:.2f} x to pg_buffercache's confirmation)" if done and scaled else ""))
-    say()
+    return done, agent_seconds, confirmed - ready, hot
 
 
 def warm_up(agent: AgentProcess, least: float, timeout: float, check_alive) -> tuple[bool, float]:
