@@ -312,7 +312,7 @@ def test_a_low_memory_lock_limit_locks_the_newest_pages_only():
     # would need CAP_SYS_RESOURCE, which these machines' root lacks).
     with primary_only(memlock=str(4 * 1024 * 1024)) as primary:
         pgbench(primary, "-i", "-s", "3", "-q")
-        time.sleep(0.2)
+        primary.wait_until(lambda: wal_cache_status(primary)["locked_blocks"] == 512, "the lock limit's 512 pages locked")
         status = wal_cache_status(primary)
         limits = Path(f"/proc/{status['worker_pid']}/limits").read_text()
         assert re.search(r"Max locked memory\s+4194304\s+4194304", limits), limits
@@ -331,7 +331,7 @@ def test_cap_ipc_lock_locks_the_whole_cache_beyond_the_memory_lock_limit():
     # here held at 4 MB under the default 16 MB cache.
     with primary_only(memlock=str(4 * 1024 * 1024), ipc_lock=True) as primary:
         pgbench(primary, "-i", "-s", "3", "-q")
-        time.sleep(0.2)
+        primary.wait_until(lambda: wal_cache_status(primary)["locked_blocks"] == 2048, "the whole cache locked")
         status = wal_cache_status(primary)
         worker_status = Path(f"/proc/{status['worker_pid']}/status").read_text()
         assert int(re.search(r"CapEff:\s+([0-9a-f]+)", worker_status).group(1), 16) & (1 << 14), worker_status
@@ -428,8 +428,12 @@ def test_a_fast_shutdown_does_not_wait_for_a_large_cache_to_be_locked():
             primary.stop("immediate")
             throttle.remove()
     assert elapsed < 5, f"pg_ctl stop -m fast took {elapsed:.1f} s"
-    # Meanwhile the worker published its progress, newest pages first.
-    assert first["mode"] == second["mode"] == "partly locked", (first, second)
+    # Meanwhile the worker published its progress, newest pages first. The window it holds is
+    # what it has locked and the resident pages just older than those (as its last residency
+    # check found them), so its mode is "partly locked", or "locked" when the page just older
+    # than the locked ones was found evicted (held_blocks 581 = locked_blocks 581 once, a
+    # second in): the mode cannot tell, the counts do.
+    assert {first["mode"], second["mode"]} <= {"locked", "partly locked"}, (first, second)
     assert 0 < first["locked_blocks"] < second["locked_blocks"] < cache_pages // 2, (first, second)
     assert second["size_blocks"] == cache_pages
     assert "terminated by signal" not in log and "PANIC" not in log, log[-2000:]
