@@ -220,7 +220,8 @@ def test_a_dropped_slot_disappears_and_a_new_one_starts_from_zero():
         assert wal_cache_row(primary, "gone") is None
         time.sleep(0.1)
         primary.sql("SELECT pg_create_logical_replication_slot('gone', 'test_decoding')")
-        time.sleep(0.1)
+        primary.wait_until(lambda: (wal_cache_row(primary, "gone")["last_reset_timestamp"] or first["last_reset_timestamp"])
+                           > first["last_reset_timestamp"], "the worker to count the new slot")
         again = wal_cache_row(primary, "gone")
         assert again["blks_read"] == 0 and again["hit_rate"] is None
         assert again["last_reset_timestamp"] > first["last_reset_timestamp"]
@@ -258,7 +259,7 @@ def test_the_cache_holds_the_newest_wal_in_memory_across_a_restart():
         primary.sql("SELECT pg_create_logical_replication_slot('kept', 'test_decoding')")
         pgbench(primary, "-i", "-s", "3", "-q")  # tens of MB of WAL
         primary.sql("SELECT count(*) FROM pg_logical_slot_get_changes('kept', NULL, NULL)")
-        time.sleep(0.1)
+        primary.wait_until(lambda: wal_cache_status(primary)["locked_blocks"] == cache_pages, "the cache to be locked")
         check_the_window_survives_eviction(primary, cache_pages)
 
         worker_before = wal_cache_status(primary)["worker_pid"]
