@@ -87,6 +87,10 @@ type Set<K> = HashSet<K, foldhash::fast::RandomState>;
 struct Key(u64);
 
 impl Key {
+    fn new(rel: u32, block: u32) -> Key {
+        Key(u64::from(rel) << 32 | u64::from(block))
+    }
+
     fn rel(self) -> u32 {
         (self.0 >> 32) as u32
     }
@@ -96,9 +100,9 @@ impl Key {
     }
 }
 
-/// The relation forks the nodes reported, numbered in the order first seen. One entry per
-/// relation fork ever reported (a new relfilenode after a rewrite is a new one), a few dozen
-/// bytes each, kept for the agent's life.
+/// The relation forks the nodes reported blocks of, numbered in the order first added. One
+/// entry per relation fork ever added (a new relfilenode after a rewrite is a new one; a
+/// removal or a lookup numbers nothing), a few dozen bytes each, kept for the agent's life.
 #[derive(Debug, Default)]
 struct Rels {
     forks: Vec<RelFork>,
@@ -108,24 +112,21 @@ struct Rels {
 impl Rels {
     /// The key of `addr`, numbering its relation fork if new.
     fn key(&mut self, addr: &BlockAddress) -> Key {
+        if let Some(key) = self.get(addr) {
+            return key;
+        }
         let fork = addr.rel_fork();
-        let id = match self.ids.get(&fork) {
-            Some(&id) => id,
-            None => {
-                let id = u32::try_from(self.forks.len()).expect("fewer than 2^32 relation forks");
-                self.forks.push(fork);
-                self.ids.insert(fork, id);
-                id
-            }
-        };
-        Key(u64::from(id) << 32 | u64::from(addr.block))
+        let id = u32::try_from(self.forks.len()).expect("fewer than 2^32 relation forks");
+        self.forks.push(fork);
+        self.ids.insert(fork, id);
+        Key::new(id, addr.block)
     }
 
     /// The key of `addr` if its relation fork is numbered: a block of a fork never reported
     /// is in none of the maps, so a lookup need not number it.
     fn get(&self, addr: &BlockAddress) -> Option<Key> {
         let id = *self.ids.get(&addr.rel_fork())?;
-        Some(Key(u64::from(id) << 32 | u64::from(addr.block)))
+        Some(Key::new(id, addr.block))
     }
 
     /// The address of a key this made.
@@ -507,7 +508,7 @@ mod tests {
         }
     }
 
-    fn list(blocks: &[(u32, u8)]) -> BlockList {
+    fn packed(blocks: &[(u32, u8)]) -> Vec<u8> {
         let mut hot: Vec<HotBlock> = blocks
             .iter()
             .map(|&(b, usage)| HotBlock {
@@ -515,7 +516,11 @@ mod tests {
                 usage,
             })
             .collect();
-        BlockList::decode(&encode_block_list(&mut hot, 0, 0).unwrap()).unwrap()
+        encode_block_list(&mut hot, 0, 0).unwrap()
+    }
+
+    fn list(blocks: &[(u32, u8)]) -> BlockList {
+        BlockList::decode(&packed(blocks)).unwrap()
     }
 
     fn answer(reset: bool, added: &[(u32, u8)], removed: &[u32]) -> FeedAnswer {
@@ -627,7 +632,7 @@ mod tests {
         let mut m = Mirror::default();
         m.apply_primary(&answer(true, &[], &[1]));
         m.apply_standby("s", &answer(true, &[], &[2]));
-        m.unsend("s", &[encode_block_list(&mut vec![HotBlock { addr: addr(3), usage: 5 }], 0, 0).unwrap()]);
+        m.unsend("s", &[packed(&[(3, 5)])]);
         assert!(m.rels.forks.is_empty());
         m.apply_primary(&answer(false, &[(1, 5)], &[]));
         assert_eq!((m.rels.forks.len(), m.lacking("s")), (1, 1));
