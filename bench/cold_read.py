@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import say  # noqa: E402
 from harness.cluster import (Cluster, PgVersionError, pg_bin, pg_version_text,  # noqa: E402
                              resolve_pg_versions, use_pg_version)
-from steady import DATA, build_data, parse_sizes, prewarm, restart_standby_cold  # noqa: E402
+from steady import DATA, build_data, parse_sizes, prewarm, prewarm_cold, restart_standby_cold  # noqa: E402
 
 
 def cold(cluster: Cluster) -> None:
@@ -51,24 +51,25 @@ def compare(cluster: Cluster, rounds: int) -> None:
     prewarm(primary, 4)
     hot = bytes(primary.one("SELECT ccm_hot_blocks()"))
 
-    def pg_prewarm() -> int:
-        return sum(standby.one("SELECT pg_prewarm(%s)", [relation]) for relation in (DATA, f"{DATA}_pkey"))
-
     def ccm_prewarm(threads: int | None):
+        """A cold restart, then one ccm_prewarm call of the whole list: (blocks, seconds)."""
         def read() -> int:
             with standby.connect() as conn:
                 if threads is not None:
                     conn.execute(f"SET ccm.prewarm_readahead_threads = {threads}")
                 return conn.execute("SELECT loaded FROM ccm_prewarm(%s)", [hot]).fetchone()[0]
-        return read
 
-    kinds = {"pg_prewarm": pg_prewarm, "ccm_prewarm": ccm_prewarm(None),
+        def run() -> tuple[int, float]:
+            cold(cluster)
+            return timed(read)
+        return run
+
+    kinds = {"pg_prewarm": lambda: prewarm_cold(cluster)[:2], "ccm_prewarm": ccm_prewarm(None),
              "ccm_prewarm, readahead threads 0": ccm_prewarm(0)}
     seconds: dict[str, list[float]] = {name: [] for name in kinds}
     for round_ in range(1, rounds + 1):
-        for name, read in kinds.items():
-            cold(cluster)
-            blocks, took = timed(read)
+        for name, run in kinds.items():
+            blocks, took = run()
             seconds[name].append(took)
             say(f"round {round_}: {name} read {blocks:,} blocks in {took:.2f} s")
     say()

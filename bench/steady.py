@@ -517,7 +517,7 @@ def cold_restart(label: str, cluster: Cluster, agent: AgentProcess, args: argpar
     (not timed for the ratio: on a VM the host's own cache keeps what was read recently, so
     the first read of a file runs at the storage's speed and later ones faster, and this one
     puts the timed reads on the same footing), then --cold-restart times in turn by the
-    agent and by pg_prewarm (the disk's time). Single reads vary by up to 2x on this VM
+    agent and by pg_prewarm (the disk's time). Single reads vary by up to 4x on this VM
     (mostly the kernel zeroing the new server's shared memory as the reads first touch it,
     BENCHMARKS.md), hence rounds and a median. For the agent, three times from the
     standby's start: ready (it accepts connections, so that anyone could read from then
