@@ -718,6 +718,24 @@ impl BlockList {
         self.hottest_batches(max_blocks, usize::MAX)
     }
 
+    /// Re-encodes into batches of at most `max_blocks` in address (file) order, as
+    /// autoprewarm reads its blocks: each batch is the next stretch of the list, so that a
+    /// standby reads the files front to back. For a standby with room for the whole list,
+    /// where no load evicts another; [`split_hottest_first`](Self::split_hottest_first)
+    /// otherwise. Memory as there.
+    pub fn split_in_file_order(&self, max_blocks: usize) -> Vec<Vec<u8>> {
+        assert!(max_blocks > 0, "batch size must be positive");
+        let blocks: Vec<HotBlock> = self.iter().collect();
+        blocks
+            .chunks(max_blocks)
+            .map(|chunk| {
+                let mut batch = chunk.to_vec();
+                encode_block_list(&mut batch, self.header.hot_buffers_found, self.header.buffers_scanned)
+                    .expect("blocks of a valid list encode")
+            })
+            .collect()
+    }
+
     /// [`split_hottest_first`](Self::split_hottest_first) of this list's `limit` hottest
     /// blocks only (the rest are left out).
     pub fn hottest_batches(&self, max_blocks: usize, limit: usize) -> Vec<Vec<u8>> {

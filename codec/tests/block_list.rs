@@ -100,6 +100,16 @@ fn batches_are_hottest_first_and_cover_the_list() {
 }
 
 #[test]
+fn batches_in_file_order_are_consecutive_stretches_of_the_list() {
+    let list = BlockList::decode(&encode(sample())).unwrap();
+    let batches: Vec<BlockList> = list.split_in_file_order(3).iter().map(|b| BlockList::decode(b).unwrap()).collect();
+    assert_eq!(batches.iter().map(BlockList::len).collect::<Vec<_>>(), vec![3, 3, 1]);
+    let joined: Vec<HotBlock> = batches.iter().flat_map(|l| l.iter().collect::<Vec<_>>()).collect();
+    assert_eq!(joined, sample(), "the batches, one after the other, are the list in address order");
+    assert_eq!(batches[2].header.hot_buffers_found, 7);
+}
+
+#[test]
 fn capped_batches_keep_the_hottest_blocks_only() {
     let list = BlockList::decode(&encode(sample())).unwrap();
     let mut hottest: Vec<HotBlock> = list.iter().collect();

@@ -144,6 +144,16 @@ proptest! {
     }
 
     #[test]
+    fn batches_in_file_order_cover_the_list_in_order(blocks in arbitrary_blocks(), size in 1usize..64) {
+        let mut input = blocks;
+        let list = BlockList::decode(&encode_block_list(&mut input, 0, 0).unwrap()).unwrap();
+        let batches: Vec<BlockList> = list.split_in_file_order(size).iter().map(|b| BlockList::decode(b).unwrap()).collect();
+        prop_assert!(batches.iter().all(|b| b.len() <= size && !b.is_empty()));
+        let joined: Vec<HotBlock> = batches.iter().flat_map(|b| b.iter().collect::<Vec<_>>()).collect();
+        prop_assert_eq!(joined, input);
+    }
+
+    #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
         check_list(&bytes);
         check_filter(&bytes);
