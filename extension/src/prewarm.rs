@@ -1,9 +1,16 @@
 //! The standby's side of the loop: read the listed blocks into shared_buffers.
 //!
-//! Blocks are read hottest first, so that when shared_buffers cannot hold the whole list
-//! the clock sweep evicts the colder ones, and each loaded buffer gets a usage count at
-//! least the primary's (capped at BM_MAX_USAGE_COUNT), so that after promotion the sweep
-//! evicts cold pages before these. A scattered list is read with many reads in flight:
+//! Blocks are read in the list's order, which is file order (ccm_hot_blocks() and the agent
+//! list blocks by address), as pg_prewarm and autoprewarm read them (autoprewarm sorts its
+//! blocks by database, tablespace, relfilenode, fork and block before loading). Each loaded
+//! buffer gets a usage count at least the primary's (capped at BM_MAX_USAGE_COUNT), so that
+//! the clock sweep evicts colder pages before these, here and after promotion. Which blocks
+//! come first across calls is the caller's choice: the agent sends the hottest first when
+//! the standby lacks room for all of them, so that a cycle cut short has loaded those.
+//! Within one call, hottest first would read a stretch of a file in scattered pieces:
+//! measured on a cold standby, about a third more CPU and time than the same blocks in file
+//! order (BENCHMARKS.md, "Cold restart: the read order"). A scattered list is read with
+//! many reads in flight:
 //! readahead threads (readahead.rs) advise the kernel of upcoming blocks ahead of the
 //! backend's reads, across locked runs; on PostgreSQL 17 and later the backend also reads
 //! each run through a read stream (compat::stream_reads; asynchronous I/O on 18), which
@@ -41,7 +48,6 @@
 //! FATAL (postgres.c, RecoveryConflictInterrupt), so the whole call runs in the caller's
 //! transaction, and a conflict cancels the statement.
 
-use std::cmp::Reverse;
 use std::time::{Duration, Instant};
 
 use ccm_codec::{BlockList, RelFork};
@@ -163,7 +169,7 @@ pub(crate) fn require_recovery() {
     }
 }
 
-/// The reads of the forks this process reads, hottest first.
+/// The reads of the forks this process reads, in the list's (file) order.
 fn plan_reads(list: &BlockList, forks: &[ForkState]) -> Vec<Read> {
     let mut reads: Vec<Read> = Vec::new();
     if reads.try_reserve_exact(list.len()).is_err() {
@@ -177,9 +183,6 @@ fn plan_reads(list: &BlockList, forks: &[ForkState]) -> Vec<Read> {
             reads.push(Read { fork: index as u32, block, usage });
         }
     }
-    // Within one usage count, reads stay in list (file) order; an unstable sort on the
-    // whole key gives the stable order without allocating.
-    reads.sort_unstable_by_key(|read| (Reverse(read.usage), read.fork, read.block));
     reads
 }
 
