@@ -262,6 +262,20 @@ fn unused_room(buffers: u64, cached: u64) -> u64 {
         .saturating_sub(buffers / FILL_RESERVE_DIVISOR)
 }
 
+/// `list` split into batches in the order a standby with `unused` unused buffers (None:
+/// not known) should read them. When they all fit, nothing the standby caches is evicted
+/// whatever the order, so in file order, as autoprewarm reads: each batch a stretch of the
+/// files read front to back, which on a cold standby costs the CPU and I/O of pg_prewarm
+/// (BENCHMARKS.md, "Cold restart: the read order"). Otherwise hottest first, so that the
+/// loads that evict go to the hottest blocks and a cycle cut short has loaded those.
+fn in_load_order(list: &BlockList, unused: Option<u64>, batch_blocks: usize) -> Vec<Vec<u8>> {
+    if unused.is_some_and(|unused| list.len() as u64 <= unused) {
+        list.split_in_file_order(batch_blocks)
+    } else {
+        list.split_hottest_first(batch_blocks)
+    }
+}
+
 /// One standby to warm, and what the loop remembers of it between cycles.
 struct Standby {
     name: String,
@@ -840,34 +854,43 @@ impl Syncer {
 
     /// Step (1) in feed mode for standby `i`: its change feed's answer, applied to the
     /// mirror. `Ready::Filter` carries no filter then: with extension 0.5.0, fill_room asks
-    /// for one only when the standby has room.
+    /// for one only when the standby has room. A feed that has not swept all the standby's
+    /// buffers since its last reset (a restarted standby, a new agent) is asked once more
+    /// in the same cycle to sweep all of them, so that the agent knows what the standby
+    /// holds, and how much room it has, before it sends (one sweep of shared_buffers after
+    /// each reset, instead of a quarter in each of four cycles).
     async fn standby_feed(
         &mut self,
         i: usize,
         report: &mut CycleReport,
     ) -> Result<Ready, CycleError> {
         let name = self.standbys[i].name.clone();
-        let budget = feed::sweep_budget(self.standby(i).facts.shared_buffers);
-        let subscriber = self.subscriber;
-        let result = self
-            .standby(i)
-            .buffer_changes(subscriber, Some(EVERY_CACHED_BLOCK), budget, false)
-            .await;
-        if let Err(error) = &result {
-            if error.class() == ErrorClass::RecoveryConflict {
-                self.recovery_conflict(i, error, report);
-                return Ok(Ready::Pass);
+        let buffers = self.standby(i).facts.shared_buffers;
+        for budget in [feed::sweep_budget(buffers), buffers] {
+            let subscriber = self.subscriber;
+            let result = self
+                .standby(i)
+                .buffer_changes(subscriber, Some(EVERY_CACHED_BLOCK), budget, false)
+                .await;
+            if let Err(error) = &result {
+                if error.class() == ErrorClass::RecoveryConflict {
+                    self.recovery_conflict(i, error, report);
+                    return Ok(Ready::Pass);
+                }
+            }
+            let (in_recovery, answer) = self.call(Who::Standby(i), Stage::Filter, result)?;
+            if !in_recovery {
+                return Err(self.promoted(i));
+            }
+            self.note_feed_reset(&name, &answer);
+            self.mirror.apply_standby(&name, &answer);
+            self.standby(i).feed_after = answer.seq;
+            self.standbys[i].feed_tracked = u64::try_from(answer.tracked).ok();
+            report.filter_bytes += answer_bytes(&answer);
+            if self.mirror.standby_complete(&name) {
+                break;
             }
         }
-        let (in_recovery, answer) = self.call(Who::Standby(i), Stage::Filter, result)?;
-        if !in_recovery {
-            return Err(self.promoted(i));
-        }
-        self.note_feed_reset(&name, &answer);
-        self.mirror.apply_standby(&name, &answer);
-        self.standby(i).feed_after = answer.seq;
-        self.standbys[i].feed_tracked = u64::try_from(answer.tracked).ok();
-        report.filter_bytes += answer_bytes(&answer);
         Ok(Ready::Filter(Vec::new()))
     }
 
@@ -1243,6 +1266,7 @@ impl Syncer {
         let name = self.standbys[i].name.clone();
         let hot = self.mirror.hot_len() as u64;
         let lacking = self.mirror.lacking(&name) as u64;
+        let unused = self.unused_buffers(i);
         let list = self.mirror.take_missing(
             &name,
             feed::Class::Hot,
@@ -1264,7 +1288,7 @@ impl Syncer {
         if let Some(pb) = progress {
             pb.inc_length(sent);
         }
-        let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
+        let batches = in_load_order(&list, unused, self.cfg.batch_blocks as usize);
         let loaded = self
             .load(i, &batches, Tier::Hot, None, progress, report)
             .await?;
@@ -1287,18 +1311,15 @@ impl Syncer {
     /// last reset) less the blocks sent and not reported yet. None when there is no room or
     /// nothing to send; asking costs no call to either node.
     fn fill_from_mirror(&mut self, i: usize, report: &CycleReport) -> Option<Vec<Vec<u8>>> {
-        let standby = &self.standbys[i];
-        let (node, tracked) = (standby.node.as_ref()?, standby.feed_tracked?);
-        if standby.retry_at.is_some()
-            || !self.mirror.complete
-            || !self.mirror.standby_complete(&standby.name)
-        {
+        if self.standbys[i].retry_at.is_some() || !self.mirror.complete {
             return None;
         }
-        report.loaded_whole_share(&standby.name)?;
-        let buffers = u64::try_from(node.facts.shared_buffers).unwrap_or(0);
-        let pending = self.mirror.inflight(&standby.name) as u64;
-        let room = unused_room(buffers, tracked.saturating_add(pending));
+        let unused = self.unused_buffers(i)?;
+        let name = self.standbys[i].name.clone();
+        report.loaded_whole_share(&name)?;
+        let buffers = self.standby(i).facts.shared_buffers;
+        let room =
+            unused.saturating_sub(u64::try_from(buffers).unwrap_or(0) / FILL_RESERVE_DIVISOR);
         if room < FILL_MIN_BLOCKS {
             return None;
         }
@@ -1306,11 +1327,26 @@ impl Syncer {
         let take = usize::try_from(room)
             .unwrap_or(usize::MAX)
             .min(batch.saturating_mul(FILL_MAX_BATCHES));
-        let name = standby.name.clone();
         let list = self.mirror.take_missing(&name, feed::Class::Colder, take)?;
-        debug!(standby = %name, unused = buffers.saturating_sub(tracked), take = list.len(),
+        debug!(standby = %name, unused, take = list.len(),
             "filling the standby's unused buffers with colder blocks");
-        Some(list.split_hottest_first(batch))
+        // The hottest `take` were chosen; all of them fit in unused buffers.
+        Some(list.split_in_file_order(batch))
+    }
+
+    /// Standby `i`'s unused buffers as far as the agent knows: its shared_buffers less the
+    /// blocks its feed reports and those sent but not reported yet. None until its feed has
+    /// swept all its buffers since its last reset (until then it may hold blocks the feed
+    /// has not reached).
+    fn unused_buffers(&self, i: usize) -> Option<u64> {
+        let standby = &self.standbys[i];
+        let (node, tracked) = (standby.node.as_ref()?, standby.feed_tracked?);
+        if !self.mirror.standby_complete(&standby.name) {
+            return None;
+        }
+        let buffers = u64::try_from(node.facts.shared_buffers).unwrap_or(0);
+        let pending = self.mirror.inflight(&standby.name) as u64;
+        Some(buffers.saturating_sub(tracked.saturating_add(pending)))
     }
 
     /// fill_room in feed mode: standby `i`'s filter, asked for only when its feed says it has
@@ -2248,6 +2284,50 @@ mod tests {
             });
         }
         assert_eq!(r.coverage(), 0.9);
+    }
+
+    #[test]
+    fn a_list_that_fits_is_read_in_file_order_else_hottest_first() {
+        use ccm_codec::{encode_block_list, BlockAddress, HotBlock};
+        let block = |block, usage| HotBlock {
+            addr: BlockAddress {
+                spc: 1663,
+                db: 5,
+                rel: 16384,
+                fork: 0,
+                block,
+            },
+            usage,
+        };
+        let mut blocks = vec![block(0, 4), block(1, 5), block(2, 4), block(3, 5)];
+        let list = BlockList::decode(&encode_block_list(&mut blocks, 4, 4).unwrap()).unwrap();
+        let order = |unused| -> Vec<Vec<u32>> {
+            in_load_order(&list, unused, 2)
+                .iter()
+                .map(|b| {
+                    BlockList::decode(b)
+                        .unwrap()
+                        .iter()
+                        .map(|h| h.addr.block)
+                        .collect()
+                })
+                .collect()
+        };
+        assert_eq!(
+            order(Some(4)),
+            vec![vec![0, 1], vec![2, 3]],
+            "room for all: file order"
+        );
+        assert_eq!(
+            order(Some(3)),
+            vec![vec![1, 3], vec![0, 2]],
+            "too little room: hottest first"
+        );
+        assert_eq!(
+            order(None),
+            vec![vec![1, 3], vec![0, 2]],
+            "room not known: hottest first"
+        );
     }
 
     #[test]

@@ -10,6 +10,9 @@ on both nodes, never with the agent's own counters alone:
   weighs (the agent's TCP sockets to both nodes, as `ss` counts them), and the agent's own
   ccm_agent_bytes_total agrees with ss;
 - a standby restarted cold resets its feed, and is warmed again;
+- a cold standby with room for all it lacks is sent its blocks in file order, as autoprewarm
+  reads them, not hottest first (which reads a file in scattered pieces): the buffers it
+  fills, in the order a restarted server hands them out, follow the files;
 - with extension 0.4.0 on the nodes, the agent says it uses the full filter exchange and
   still warms the standby.
 """
@@ -148,5 +151,49 @@ def test_extension_0_4_0_is_warmed_through_the_filter_exchange(log_dir):
         with warm_agent(cluster, log_dir) as agent:
             assert "predates the change feed" in agent.log()
             assert agent.metric("ccm_agent_feed_resets_total") == 0
+    finally:
+        cluster.destroy()
+
+
+def test_a_cold_standby_with_room_is_read_in_file_order(log_dir):
+    # Two tables of 3,072 blocks each, "first" created first (the lower relfilenode: first in
+    # file order) and made usage 4 on the primary, "second" usage 5: both hot, second hotter.
+    # Hottest first, second's blocks would be read before first's.
+    cluster = Cluster(settings={"shared_buffers": "'128MB'"})
+    try:
+        cluster.create(extensions=("pg_ccm", "pg_buffercache", "pg_prewarm"))
+        primary, standby = cluster.primary, cluster.standby
+        tables = {"first": 4, "second": 5}
+        for table in tables:
+            primary.sql(f"CREATE TABLE {table} (id int8, pad text) WITH (autovacuum_enabled = off)")
+            primary.sql(f"INSERT INTO {table} SELECT g, repeat('x', 1000) FROM generate_series(1, 3072 * 7) g")
+        primary.sql("VACUUM (FREEZE)")
+        nodes = {table: primary.one("SELECT pg_relation_filenode(%s)::int8", [table]) for table in tables}
+        assert nodes["first"] < nodes["second"], nodes
+        primary.restart()  # the load left both tables cached; read them afresh below
+        cluster.make_standby_cold()
+        for table, usage in tables.items():
+            for _ in range(usage):
+                primary.sql("SELECT pg_prewarm(%s)", [table])
+
+        with AgentProcess(primary.conninfo(), standby.conninfo(), log_dir, interval="300ms",
+                          extra=["--fill-room", "false"]) as agent:
+            standby.wait_until(lambda: hot_on_standby(cluster) >= 0.99, "the hot set on the standby", timeout=30)
+            # More than one batch (4,096 blocks), so that the order across batches counts too.
+            assert agent.metric("ccm_agent_blocks_loaded_total") >= 6000, agent.log()[-3000:]
+
+        # A restarted server hands out its unused buffers in ascending order, so each block's
+        # buffer says when it was read.
+        def buffers(table: str) -> list[int]:
+            return [row[0] for row in standby.sql(
+                "SELECT bufferid FROM pg_buffercache WHERE relfilenode = %s AND relforknumber = 0 ORDER BY 1",
+                [nodes[table]])]
+
+        first, second = buffers("first"), buffers("second")
+        assert len(first) >= 3000 and len(second) >= 3000, (len(first), len(second))
+        last_first, early_second = first[int(0.95 * len(first))], second[int(0.05 * len(second))]
+        assert last_first < early_second, (
+            f"the standby read the hotter table's blocks before the colder one's: 95% of 'first' in "
+            f"buffers up to {last_first}, 5% of 'second' in buffers up to {early_second}")
     finally:
         cluster.destroy()
