@@ -29,6 +29,7 @@ MEMBERS = ("patroni1", "patroni2", "patroni3")
 SCALE = 10  # pgbench_accounts: about 16,400 blocks; shared_buffers is 256MB (32,768) per node
 WORKLOAD = ("-n", "-M", "prepared", "-b", "tpcb-like@1", "-b", "select-only@20", "-c", "4", "-j", "2")
 HOT_USAGE = 4  # the leader's hot set: usage count > 3 (ccm.usage_threshold)
+HOT_SET_LEAST = 1000  # blocks: a leader's hot set smaller than this measures nothing
 # The agent's per-member series (label node="<Patroni member name>").
 COVERAGE_METRIC = "ccm_agent_standby_coverage_ratio"
 UP_METRICS = ("ccm_agent_node_up", "ccm_agent_standby_up")
@@ -159,7 +160,7 @@ class Cluster:
     def coverage(self, leader: str, replica: str) -> float:
         """Share of the leader's hot set (usage count > 3) that the replica's shared_buffers hold."""
         hot = self.blocks(leader, HOT_USAGE)
-        if len(hot) < 1000:
+        if len(hot) < HOT_SET_LEAST:
             raise ValueError(f"the leader's hot set is only {len(hot)} blocks")
         return len(hot & self.blocks(replica)) / len(hot)
 
@@ -397,7 +398,13 @@ def test_nofailover_member_is_left_alone(cluster, leader):
         # of pgbench_accounts into the replicas' buffers).
         cluster.sql(leader, "VACUUM pgbench_accounts")
         cluster.make_cold(leader, [bystander, candidate])
-        cluster.pgbench(leader, "-n", "-S", "-c", "4", "-j", "2", "-T", "15")
+
+        # Select-only reads until the leader has a hot set: how many 15 s make depends on
+        # this machine's speed (once, 15 s left 206 blocks at usage 4 or more).
+        def heated() -> bool:
+            cluster.pgbench(leader, "-n", "-M", "prepared", "-S", "-c", "4", "-j", "2", "-T", "15")
+            return len(cluster.blocks(leader, HOT_USAGE)) >= HOT_SET_LEAST
+        wait_for("a hot set on the leader", heated, 120)
         wait_for(f"{candidate} to be warm", lambda: cluster.warm(leader, [candidate]), 60)
         time.sleep(3)  # a few more of the agent's cycles
         on_leader = cluster.relation_buffers(leader, "pgbench_accounts")
