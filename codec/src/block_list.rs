@@ -724,25 +724,23 @@ impl BlockList {
     /// where no load evicts another; [`split_hottest_first`](Self::split_hottest_first)
     /// otherwise. Memory as there.
     pub fn split_in_file_order(&self, max_blocks: usize) -> Vec<Vec<u8>> {
-        assert!(max_blocks > 0, "batch size must be positive");
         let blocks: Vec<HotBlock> = self.iter().collect();
-        blocks
-            .chunks(max_blocks)
-            .map(|chunk| {
-                let mut batch = chunk.to_vec();
-                encode_block_list(&mut batch, self.header.hot_buffers_found, self.header.buffers_scanned)
-                    .expect("blocks of a valid list encode")
-            })
-            .collect()
+        self.batches(&blocks, max_blocks)
     }
 
     /// [`split_hottest_first`](Self::split_hottest_first) of this list's `limit` hottest
     /// blocks only (the rest are left out).
     pub fn hottest_batches(&self, max_blocks: usize, limit: usize) -> Vec<Vec<u8>> {
-        assert!(max_blocks > 0, "batch size must be positive");
         let mut blocks: Vec<HotBlock> = self.iter().collect();
         blocks.sort_by(|a, b| b.usage.cmp(&a.usage).then(a.addr.cmp(&b.addr)));
         blocks.truncate(limit);
+        self.batches(&blocks, max_blocks)
+    }
+
+    /// `blocks` (of this list) in order, cut into lists of at most `max_blocks`, each with
+    /// this list's header counts.
+    fn batches(&self, blocks: &[HotBlock], max_blocks: usize) -> Vec<Vec<u8>> {
+        assert!(max_blocks > 0, "batch size must be positive");
         blocks
             .chunks(max_blocks)
             .map(|chunk| {
