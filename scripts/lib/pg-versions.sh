@@ -7,8 +7,14 @@
 
 SUPPORTED_PG_VERSIONS="15 17 18"
 
-pg_bindir() { echo "/usr/lib/postgresql/$1/bin"; }
-pg_config_of() { echo "/usr/lib/postgresql/$1/bin/pg_config"; }
+# PG_ROOT moves the whole lookup to a copy of the installations (a PostgreSQL installation is
+# relocatable: it finds its lib and share directories relative to its programs), for example
+# PG_ROOT=/srv/pg/usr/lib/postgresql with /srv/pg/usr/{lib,share,include}/postgresql/N copied
+# from /usr, so that two checkouts can install and test different builds side by side.
+PG_ROOT=${PG_ROOT:-/usr/lib/postgresql}
+
+pg_bindir() { echo "$PG_ROOT/$1/bin"; }
+pg_config_of() { echo "$PG_ROOT/$1/bin/pg_config"; }
 
 # The wanted versions, checked against what compat.rs supports (16 builds too: see README).
 wanted_pg_versions() {

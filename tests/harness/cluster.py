@@ -23,12 +23,13 @@ from typing import Any, Iterable, Sequence
 
 import psycopg
 
-PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
+# Laid out as Debian lays out its packages, /usr/lib/postgresql/N/bin (scripts/lib/pg-versions.sh);
+# PG_ROOT names a relocated copy of that directory instead.
+PG_ROOT = Path(os.environ.get("PG_ROOT", "/usr/lib/postgresql"))
+PG_BIN = Path(os.environ.get("PG_BIN", str(PG_ROOT / "15" / "bin")))
 OS_USER = "postgres"
 
 # -- PostgreSQL versions -------------------------------------------------------------------
-# Laid out as Debian lays out its packages, /usr/lib/postgresql/N/bin (scripts/lib/pg-versions.sh).
-PG_ROOT = Path("/usr/lib/postgresql")
 PG_VERSIONS = (15, 16, 17, 18)
 
 
