@@ -7,13 +7,13 @@ import os
 import re
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from .cluster import free_port
+from .wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT_BIN = Path(os.environ.get("CCM_AGENT_BIN", ROOT / "target" / "release" / "ccm-agent"))
@@ -68,19 +68,20 @@ class AgentProcess:
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen([*self.launcher, *agent_command(*self.args)], stdout=self._log,
                                         stderr=subprocess.STDOUT, env=self.env)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.metrics()
-                return self
-            except OSError:
-                if self.process.poll() is not None:
-                    self._log.close()
-                    raise RuntimeError(f"ccm-agent exited with {self.process.returncode}:\n{self.log()[-3000:]}")
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"ccm-agent served no metrics within 30 s:\n{self.log()[-3000:]}")
-                time.sleep(0.1)
+        try:
+            wait_for("ccm-agent to serve its metrics", self.metrics, timeout=30, interval=0.1, retry_on=(OSError,),
+                     abort=self._exited)
+        except TimeoutError as error:
+            self.stop()
+            raise RuntimeError(f"{error}:\n{self.log()[-3000:]}") from None
+        except RuntimeError as error:
+            self._log.close()
+            raise RuntimeError(f"{error}:\n{self.log()[-3000:]}") from None
+        return self
+
+    def _exited(self) -> str | None:
+        code = self.process.poll() if self.process is not None else None
+        return None if code is None else f"ccm-agent exited with {code}"
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -155,11 +156,10 @@ class AgentProcess:
         found = [v for k, v in self.metrics().items() if k == name or k.startswith(name + "{")]
         return sum(found) if found else default
 
-    def wait_for(self, predicate, what: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if not self.alive():
-                raise RuntimeError(f"ccm-agent died while waiting for {what}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out waiting for {what}; agent log:\n{self.log()[-4000:]}")
-            time.sleep(0.2)
+    def wait_for(self, predicate, what: str, timeout: float = 30, interval: float = 0.2) -> Any:
+        """Polls `predicate` while the agent runs; a timeout or the agent's death shows its log."""
+        try:
+            return wait_for(what, predicate, timeout=timeout, interval=interval, abort=self._exited,
+                            describe=lambda: f"agent log:\n{self.log()[-4000:]}")
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}:\n{self.log()}") from None

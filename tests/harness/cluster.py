@@ -16,12 +16,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import psycopg
+
+from .wait import wait_for
 
 # Laid out as Debian lays out its packages, /usr/lib/postgresql/N/bin (scripts/lib/pg-versions.sh);
 # PG_ROOT names a relocated copy of that directory instead.
@@ -185,12 +186,40 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# Ports for nodes, agents and other servers: below the kernel's ephemeral ports, in the range
+# PG_CCM_PORTS ("FIRST:COUNT", default 20000:12000; scripts/test.sh gives runs that go on side
+# by side ranges of their own), split between pytest-xdist's workers. Each process takes the
+# ports of its block in turn, so that two tests running side by side never pick the same port
+# between its check and its use.
+_next_port: dict[str, int] = {}
+
+
+def _port_block() -> tuple[int, int]:
+    first, count = (int(part) for part in os.environ.get("PG_CCM_PORTS", "20000:12000").split(":"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    size = count // max(workers, 1)
+    return first + (index % max(workers, 1)) * size, size
+
+
 def free_port() -> int:
+    """A loopback port nobody listens on, from this process's block."""
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    first, size = _port_block()
+    for _ in range(size):
+        offset = _next_port.get("offset", (os.getpid() * 7) % size)
+        _next_port["offset"] = (offset + 1) % size
+        port = first + offset
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}..{first + size - 1}")
 
 
 @dataclass
@@ -290,30 +319,25 @@ class Node:
         listed = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
         processes = [pid, *(int(child) for child in listed.split())]
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_alive(p) for p in processes):
-            time.sleep(0.1)
+        wait_for(f"{self.name}'s processes to end after SIGKILL", lambda: not any(_alive(p) for p in processes),
+                 timeout=30, interval=0.1)
 
     def wait_until_reaped(self, timeout: float = 30) -> None:
         """Waits until a killed postmaster's zombie is reaped (by init, after a second or two
         here): until then it still answers kill(pid, 0), and PostgreSQL's own lock-file check
         refuses to start in its data directory."""
         pid = self.postmaster_pid()
-        deadline = time.monotonic() + timeout
-        while pid is not None and time.monotonic() < deadline and _exists(pid):
-            time.sleep(0.1)
+        if pid is not None:
+            wait_for(f"{self.name}'s postmaster {pid} to be reaped", lambda: not _exists(pid), timeout=timeout, interval=0.1)
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with self.connect(connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
-                return
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        def answers() -> bool:
+            with self.connect(connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+
+        wait_for(f"{self.name} to accept connections", answers, timeout=timeout, interval=0.1,
+                 retry_on=(psycopg.OperationalError,))
 
     def promote(self) -> None:
         run_pg([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-w", "-t", "120", "promote"])
@@ -337,12 +361,8 @@ class Node:
     def in_recovery(self) -> bool:
         return bool(self.one("SELECT pg_is_in_recovery()"))
 
-    def wait_until(self, predicate, what: str, timeout: float = 60, interval: float = 0.1) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name}: timed out waiting for {what}")
-            time.sleep(interval)
+    def wait_until(self, predicate, what: str, timeout: float = 60, interval: float = 0.1) -> Any:
+        return wait_for(f"{self.name}: {what}", predicate, timeout=timeout, interval=interval)
 
     # -- caches ----------------------------------------------------------------------
 

@@ -8,13 +8,13 @@ docker/build-image.sh (skipped when it is up to date).
 from __future__ import annotations
 
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from harness.docker import compose_command, docker_engine_runs
+from harness.docker import build_images, compose_command, docker_engine_runs
+from harness.wait import wait_for as poll
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # The images hold Debian 12's PostgreSQL 15: scripts/test.sh runs these with 15 only.
 pytestmark = [
     pytest.mark.container,
+    # The module shares one cluster (one worker); the compose stacks run one after the other.
+    pytest.mark.xdist_group("containers"),
     pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine"),
 ]
 
@@ -45,17 +47,8 @@ class Compose:
         return set(out.splitlines())
 
     def wait(self, predicate, what: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if predicate():
-                    return
-            except (RuntimeError, subprocess.TimeoutExpired):
-                pass
-            if time.monotonic() > deadline:
-                logs = self.run("logs", "--tail", "30", check=False).stdout
-                raise TimeoutError(f"timed out waiting for {what}\n{logs}")
-            time.sleep(1)
+        poll(what, predicate, timeout=timeout, interval=1, retry_on=(RuntimeError, subprocess.TimeoutExpired),
+             describe=lambda: self.run("logs", "--tail", "30", check=False).stdout)
 
 
 def docker(*args: str) -> subprocess.CompletedProcess:
@@ -64,7 +57,7 @@ def docker(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def compose():
-    subprocess.run([str(ROOT / "docker" / "build-image.sh")], check=True, timeout=900)
+    build_images("build-image.sh", timeout=900)
     cluster = Compose()
     try:
         cluster.run("up", "-d")

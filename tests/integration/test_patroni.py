@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.docker import compose_command, docker_engine_runs
+from harness.docker import build_images, compose_command, docker_engine_runs
+from harness.wait import wait_for as poll
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker" / "patroni-compose.yml"
@@ -39,25 +40,17 @@ LOADED_METRIC = "ccm_agent_standby_blocks_loaded_total"
 # The image holds Debian 12's PostgreSQL 15: scripts/test.sh runs these with 15 only.
 pytestmark = [
     pytest.mark.container,
+    # The module shares one cluster (one worker); the compose stacks run one after the other.
+    pytest.mark.xdist_group("containers"),
     pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine"),
 ]
 
 
 def wait_for(what: str, probe, timeout: float, interval: float = 1.0):
-    """The one polling helper: calls probe() until it returns something truthy and returns that.
-    A failing command (RuntimeError, a subprocess timeout) counts as "not yet"."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        try:
-            last = probe()
-            if last:
-                return last
-        except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as error:
-            last = error
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
+    """The harness's polling helper, where a failing command (RuntimeError, a subprocess
+    timeout) or a series not there yet counts as "not yet"."""
+    return poll(what, probe, timeout=timeout, interval=interval,
+                retry_on=(RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError))
 
 
 def docker(*args: str, timeout: float = 60, check: bool = True) -> str:
@@ -216,7 +209,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster():
-    subprocess.run([str(ROOT / "docker" / "build-patroni-image.sh")], check=True, timeout=1800)
+    build_images("build-patroni-image.sh", timeout=1800)
     built = Cluster()
     try:
         built.run("up", "-d", timeout=600)
@@ -406,7 +399,9 @@ def test_nofailover_member_is_left_alone(cluster, leader):
             return len(cluster.blocks(leader, HOT_USAGE)) >= HOT_SET_LEAST
         wait_for("a hot set on the leader", heated, 120)
         wait_for(f"{candidate} to be warm", lambda: cluster.warm(leader, [candidate]), 60)
-        time.sleep(3)  # a few more of the agent's cycles
+        cycles = cluster.metrics()[("ccm_agent_cycles_total", "")]
+        wait_for("a few more of the agent's cycles",
+                 lambda: cluster.metrics()[("ccm_agent_cycles_total", "")] >= cycles + 3, 30)
         on_leader = cluster.relation_buffers(leader, "pgbench_accounts")
         on_candidate = cluster.relation_buffers(candidate, "pgbench_accounts")
         on_bystander = cluster.relation_buffers(bystander, "pgbench_accounts")
