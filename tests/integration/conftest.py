@@ -26,11 +26,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 
 class Load:
-    """A pgbench select-only workload in the background."""
+    """A pgbench select-only workload in the background; `rate` limits it to that many
+    transactions per second (pgbench -R), None runs it as fast as it goes."""
 
-    def __init__(self, node: Node, seconds: int, clients: int = 2, script: str = "select-only"):
+    def __init__(self, node: Node, seconds: int, clients: int = 2, script: str = "select-only",
+                 rate: int | None = None):
         argv = [str(PG_BIN / "pgbench"), "-h", "127.0.0.1", "-p", str(node.port), "-U", "postgres",
-                "-b", script, "-c", str(clients), "-j", "1", "-T", str(seconds), "-n", "postgres"]
+                "-b", script, "-c", str(clients), "-j", "1", "-T", str(seconds), "-n",
+                *(["-R", str(rate)] if rate else []), "postgres"]
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def stop(self) -> None:

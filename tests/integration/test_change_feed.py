@@ -27,7 +27,6 @@ import pytest
 from harness.agent import AgentProcess
 from harness.cluster import Cluster, coverage, make_table, read
 
-pytestmark = pytest.mark.oldest_newest
 
 HOT_MB = 16
 # The standby's own reads: each table under a quarter of shared_buffers (so cached in
@@ -68,6 +67,7 @@ def warm_agent(cluster: Cluster, log_dir, interval: str = "300ms"):
         yield agent
 
 
+@pytest.mark.every_version
 def test_hot_blocks_the_standby_evicts_under_its_own_reads_come_back(log_dir):
     cluster = prepared_cluster()
     try:
@@ -101,7 +101,9 @@ def test_a_warm_idle_pair_exchanges_little(log_dir):
         primary, standby = cluster.primary, cluster.standby
         filter_bytes = standby.one("SELECT length(ccm_buffer_filter())")
         with warm_agent(cluster, log_dir, interval="200ms") as agent:
-            time.sleep(2)  # the first sweeps' lists are behind us
+            # The first sweeps' lists are behind us.
+            cycles = agent.metric("ccm_agent_cycles_total")
+            agent.wait_for(lambda: agent.metric("ccm_agent_cycles_total") >= cycles + 10, "ten more cycles")
 
             ports = {primary.port, standby.port}
 
@@ -130,6 +132,8 @@ def test_a_warm_idle_pair_exchanges_little(log_dir):
         cluster.destroy()
 
 
+@pytest.mark.every_version
+@pytest.mark.smoke
 def test_a_standby_restarted_cold_resets_its_feed_and_is_warmed_again(log_dir):
     cluster = prepared_cluster()
     try:
@@ -155,6 +159,7 @@ def test_extension_0_4_0_is_warmed_through_the_filter_exchange(log_dir):
         cluster.destroy()
 
 
+@pytest.mark.every_version
 def test_a_cold_standby_with_room_is_read_in_file_order(log_dir):
     # Two tables of 3,072 blocks each, "first" created first (the lower relfilenode: first in
     # file order) and made usage 4 on the primary, "second" usage 5: both hot, second hotter.

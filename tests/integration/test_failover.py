@@ -5,12 +5,15 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
+
 from harness.agent import AgentProcess
 from harness.cluster import Cluster, coverage, pgbench
 
 from test_warmup import wait_for_coverage, warm_primary
 
 
+@pytest.mark.smoke
 def test_agent_follows_a_failover_and_warms_the_rejoined_old_primary(cluster, load_factory, log_dir):
     old_primary, old_standby = cluster.primary, cluster.standby
     load = warm_primary(load_factory, cluster)
@@ -35,7 +38,7 @@ def test_agent_follows_a_failover_and_warms_the_rejoined_old_primary(cluster, lo
         cluster.primary, cluster.standby = old_standby, old_primary
         cluster.wait_caught_up()
         cluster.make_standby_cold()
-        warm_primary(load_factory, cluster, seconds=3)
+        warm_primary(load_factory, cluster)
         fraction, elapsed, hot = wait_for_coverage(cluster, 0.99, timeout=20)
         assert fraction >= 0.99, f"rejoined old primary: {fraction:.1%} of {hot} after {elapsed:.1f}s\n{agent.log()[-3000:]}"
         assert agent.metric("ccm_agent_retargets_total") >= 1

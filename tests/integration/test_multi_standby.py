@@ -63,6 +63,7 @@ def cycle_errors(agent: AgentProcess) -> dict[str, float]:
     return {k: v for k, v in agent.metrics().items() if k.startswith("ccm_agent_cycle_errors_total") and v}
 
 
+@pytest.mark.smoke
 def test_one_agent_warms_every_standby_of_the_standby_string(cluster, load_factory, log_dir):
     second = cluster.add_standby("standby2")
     standbys = [cluster.standby, second]
@@ -92,7 +93,6 @@ def test_one_agent_warms_every_standby_of_the_standby_string(cluster, load_facto
         assert status["standby"]["port"] == cluster.standby.port, "`standby` stays the first standby"
 
 
-@pytest.mark.oldest_newest
 def test_the_primary_listed_among_the_standbys_is_passed_over_silently(cluster, load_factory, log_dir):
     cluster.make_standby_cold()
     warm_primary(load_factory, cluster)
@@ -120,7 +120,6 @@ def test_the_primary_listed_among_the_standbys_is_passed_over_silently(cluster, 
     assert name(cluster.primary) not in result.stdout
 
 
-@pytest.mark.oldest_newest
 def test_a_smaller_standby_gets_the_hottest_part_and_a_bigger_one_everything(log_dir):
     # The small standby: 64 MB = 8192 buffers. The primary: two 40 MB tables (5000 blocks
     # each), one at usage count 5 and one at 4, together more than the small standby holds.
@@ -165,7 +164,6 @@ def test_a_smaller_standby_gets_the_hottest_part_and_a_bigger_one_everything(log
         assert [s["name"] for s in status["standbys"]] == [name(small), name(big)]
 
 
-@pytest.mark.oldest_newest
 def test_a_stopped_standby_leaves_the_others_warm_and_is_warmed_again_when_back(cluster, load_factory, log_dir):
     second = cluster.add_standby("standby2")
     standbys = [cluster.standby, second]
@@ -213,7 +211,6 @@ def test_a_stopped_standby_leaves_the_others_warm_and_is_warmed_again_when_back(
         assert agent.alive(), fractions
 
 
-@pytest.mark.oldest_newest
 def test_wait_exits_once_every_standby_is_warm_and_times_out_naming_a_cold_one(cluster, load_factory, log_dir):
     second = cluster.add_standby("standby2")
     standbys = [cluster.standby, second]
@@ -298,8 +295,7 @@ def test_a_standby_following_another_primary_is_never_warmed_from_the_old_one(cl
     assert old.one("SELECT NOT pg_is_in_recovery()"), "the old primary still runs as a primary"
     old.sql("CREATE TABLE written_during_the_partition AS SELECT 1 AS x")
 
-    load = load_factory(old, seconds=600)
-    time.sleep(4)
+    load = warm_primary(load_factory, cluster, node=old)
     before, hot = coverage(old, b)
     assert hot > 500 and before < 0.5, (hot, before)
 
@@ -320,8 +316,7 @@ def test_a_standby_following_another_primary_is_never_warmed_from_the_old_one(cl
     load.stop()
 
     # Control: from the primary it does follow (A), B is warmed, with the same tables.
-    load_factory(a, seconds=600)
-    time.sleep(4)
+    warm_primary(load_factory, cluster, node=a)
     with AgentProcess(a.conninfo(), multi_host_conninfo([a, b]), log_dir, interval="300ms") as agent:
         wait_warm(agent, a, [b], timeout=20)
         assert not cycle_errors(agent), agent.log()[-3000:]
@@ -330,7 +325,6 @@ def test_a_standby_following_another_primary_is_never_warmed_from_the_old_one(cl
 # -- two agent bugs these tests found (fixed): a down standby hid the others' coverage from
 # -- status and wait; a promoted host of the standby string passed as a cascade's WAL sender.
 
-@pytest.mark.oldest_newest
 def test_wait_passes_over_a_down_host_of_the_standby_string(cluster, load_factory):
     second = cluster.add_standby("standby2")
     standbys = [cluster.standby, second]
@@ -347,7 +341,6 @@ def test_wait_passes_over_a_down_host_of_the_standby_string(cluster, load_factor
         assert name(cluster.standby) in result.stdout and name(second) not in result.stdout
 
 
-@pytest.mark.oldest_newest
 def test_a_standby_following_a_primary_of_the_same_timeline_number_is_not_warmed(cluster, load_factory, log_dir):
     """Split brain on one timeline number: standbys A and C of the dead primary are both
     promoted, and both write timeline 2; B follows A. The agent's --primary is C, its
@@ -367,8 +360,7 @@ def test_a_standby_following_a_primary_of_the_same_timeline_number_is_not_warmed
     c.sql("CHECKPOINT")  # its control file names the new timeline
     assert c.one("SELECT timeline_id FROM pg_control_checkpoint()") == 2
 
-    load_factory(c, seconds=600)
-    time.sleep(4)
+    warm_primary(load_factory, cluster, node=c)
     before, hot = coverage(c, b)
     assert hot > 500 and before < 0.5, (hot, before)
     with AgentProcess(c.conninfo(), multi_host_conninfo([a, b]), log_dir, interval="200ms") as agent:

@@ -9,10 +9,10 @@ pg_buffercache on both nodes.
 
 from __future__ import annotations
 
-import time
-
 from harness.agent import AgentProcess
 from harness.cluster import coverage
+
+from test_warmup import wait_hot
 
 BATCH = 64
 
@@ -27,7 +27,7 @@ def cold_standby_far_behind(cluster, load_factory) -> int:
     primary, standby = cluster.primary, cluster.standby
     cluster.make_standby_cold()
     load = load_factory(primary, seconds=600)
-    time.sleep(4)
+    wait_hot(primary)
     load.stop()
     standby.sql("SELECT pg_wal_replay_pause()")
     primary.sql("CREATE TABLE wal_filler AS SELECT g, repeat('x', 500) AS pad FROM generate_series(1, 80000) g")

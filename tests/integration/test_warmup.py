@@ -7,28 +7,61 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from harness.agent import AgentProcess, run_agent_json
-from harness.cluster import Cluster, coverage
+from harness.cluster import Cluster, Node, coverage
+from harness.wait import wait_for
 
 
-def warm_primary(load_factory, cluster, seconds: float = 4.0):
-    """Starts a read load on the primary and lets its hot set form."""
-    load = load_factory(cluster.primary, seconds=600)
-    time.sleep(seconds)
-    return load
+# The read load that goes on once the hot set has formed (transactions per second): enough to
+# keep the primary's hot set in use, little enough that tests running side by side on a few
+# cores do not wait for each other's pgbench.
+STEADY_RATE = 200
+
+
+def warm_primary(load_factory, cluster, node: Node | None = None):
+    """Runs a read load on the primary (or `node`) as fast as it goes until its hot set has
+    formed (see `wait_hot`), then goes on at STEADY_RATE; returns that load, still running.
+    With shared_buffers larger than the data set nothing is evicted, so the hot set's usage
+    counts stay as the fast load left them."""
+    node = node or cluster.primary
+    fast = load_factory(node, seconds=600)
+    wait_hot(node)
+    fast.stop()
+    return load_factory(node, seconds=600, rate=STEADY_RATE)
+
+
+def wait_hot(node: Node, table: str = "pgbench_accounts", share: float = 0.8, timeout: float = 90) -> None:
+    """Waits until `share` of the table's pages are hot (usage count > 3) in the node's
+    shared_buffers: the pgbench load's hot set is then nearly all it will be."""
+    query = ("SELECT count(*) FILTER (WHERE usagecount > 3)::float8 / greatest(pg_relation_size(%s::regclass) / 8192, 1) "
+             "FROM pg_buffercache WHERE relfilenode = pg_relation_filenode(%s::regclass) "
+             "AND reldatabase = (SELECT oid FROM pg_database WHERE datname = current_database())")
+    wait_for(f"{share:.0%} of {table} to be hot on {node.name}", lambda: node.one(query, [table, table]) >= share,
+             timeout=timeout, interval=0.25)
 
 
 def wait_for_coverage(cluster, target: float, timeout: float) -> tuple[float, float, int]:
-    """Polls pg_buffercache on both nodes; returns (coverage, seconds taken, hot set size)."""
+    """Polls pg_buffercache on both nodes until the standby holds `target` of the primary's
+    hot set or `timeout` passes; returns (coverage, seconds taken, hot set size)."""
     started = time.monotonic()
-    while True:
-        fraction, hot = coverage(cluster.primary, cluster.standby)
-        elapsed = time.monotonic() - started
-        if fraction >= target or elapsed > timeout:
-            return fraction, elapsed, hot
-        time.sleep(0.25)
+    seen: list[tuple[float, int]] = []
+
+    def covered() -> bool:
+        seen.append(coverage(cluster.primary, cluster.standby))
+        return seen[-1][0] >= target
+
+    try:
+        wait_for(f"{target:.0%} coverage", covered, timeout=timeout, interval=0.25)
+    except TimeoutError:
+        pass
+    fraction, hot = seen[-1]
+    return fraction, time.monotonic() - started, hot
 
 
+@pytest.mark.every_version
+@pytest.mark.smoke
 def test_standby_holds_the_primarys_hot_set_within_ten_seconds(cluster, load_factory, log_dir):
     cluster.make_standby_cold()
     warm_primary(load_factory, cluster)
@@ -97,6 +130,7 @@ def test_agent_runs_as_a_non_superuser(cluster, load_factory):
     assert status["coverage"] >= 0.99
 
 
+@pytest.mark.every_version
 def test_hottest_blocks_win_when_the_standby_is_smaller(log_dir):
     # Standby: 64 MB = 8192 buffers. Primary: two 40 MB tables, one at usage count 5 and
     # one at 4, together more than the standby holds.
@@ -124,6 +158,7 @@ def test_hottest_blocks_win_when_the_standby_is_smaller(log_dir):
         assert share4 < share5
 
 
+@pytest.mark.every_version
 def test_every_kind_of_page_reaches_the_standby(log_dir):
     """Several databases, a non-default tablespace, indexes, TOAST, visibility and free-space maps."""
     cluster = Cluster()
