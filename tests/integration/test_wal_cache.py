@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 
 from harness.cgroups import BlkioThrottle, controller_available, data_device
-from harness.cluster import Cluster, Node, free_port, pgbench, run_pg
+from harness.cluster import Cluster, Node, pgbench, run_pg
 from harness.logical import (PAGE, Recvlogical, lsn_to_int, pages_between, resident_bytes,
                              wal_cache_row, wal_cache_status)
+
+# The extension's own code paths: on every version, the assertion-enabled one included.
+pytestmark = pytest.mark.every_version
 
 LOGICAL = {"wal_level": "logical", "max_wal_size": "'1GB'", "checkpoint_timeout": "'30min'"}
 
@@ -74,6 +77,17 @@ def wait_slot_at(node: Node, slot: str, position: str) -> None:
     node.wait_until(lambda: lsn_to_int(confirmed_flush(node, slot)) >= lsn_to_int(position), f"slot {slot} at {position}")
 
 
+def write_wal(node: Node, since: str, pages: int, timeout: float = 120) -> None:
+    """Runs pgbench's TPC-B transactions in rounds of 500 until `pages` WAL pages follow
+    `since`: a volume of WAL, not a time, however fast this machine runs them."""
+    def written() -> bool:
+        pgbench(node, "-c", "2", "-j", "2", "-t", "250", "-n")
+        return pages_between(since, node.one("SELECT pg_current_wal_insert_lsn()::text")) > pages
+
+    node.wait_until(written, f"{pages} pages of WAL after {since}", timeout=timeout)
+
+
+@pytest.mark.smoke
 def test_a_consumer_that_keeps_up_is_served_from_the_cache():
     with primary_only() as primary:
         pgbench(primary, "-i", "-s", "2", "-q")
@@ -81,7 +95,7 @@ def test_a_consumer_that_keeps_up_is_served_from_the_cache():
         consumer = Recvlogical(primary, "cdc")
         try:
             primary.wait_until(lambda: wal_cache_row(primary, "cdc")["active_pid"] is not None, "pg_recvlogical to attach")
-            pgbench(primary, "-c", "2", "-j", "2", "-T", "5", "-n")
+            write_wal(primary, created, 400)
             position = current_lsn(primary)
             wait_slot_at(primary, "cdc", position)
             row = wait_counted(primary, "cdc", pages_between(created, position) - 2)
@@ -149,7 +163,7 @@ def test_a_pgoutput_subscription_that_keeps_up_is_served_from_the_cache():
             pgbench(subscriber, "-i", "-I", "dtp", "-s", "1", "-q")  # the tables, empty
             subscriber.sql(f"CREATE SUBSCRIPTION bench CONNECTION '{primary.conninfo()}' PUBLICATION bench WITH (copy_data = false)")
             primary.wait_until(lambda: (wal_cache_row(primary, "bench") or {}).get("active_pid"), "the subscription's walsender")
-            pgbench(primary, "-c", "2", "-j", "2", "-T", "5", "-n")
+            write_wal(primary, primary.one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'bench'"), 400)
             source = primary.one("SELECT count(*) FROM pgbench_history")
             # The apply worker reports what it received as its replay position (worker.c,
             # send_feedback), so wait for the rows themselves; a lost row times out here.
