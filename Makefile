@@ -2,7 +2,9 @@
 #
 # PG=N (or ARGS='--pg N') picks the PostgreSQL version of the demo and the benchmarks
 # (default: the newest installed); PG_VERSIONS="15 18" narrows the test matrix.
-.PHONY: demo test bench sql
+# `make check` is the developers' quick loop (not what CI runs): the unit tests and the smoke
+# subset of the integration tests on the newest version.
+.PHONY: demo test check bench sql
 
 PG ?= $(shell echo '$(ARGS)' | sed -n 's/.*--pg[ =]*\([0-9][0-9]*\).*/\1/p')
 PG_FLAG = $(if $(PG),--pg $(PG))
@@ -14,6 +16,9 @@ demo:
 
 test:
 	./scripts/test.sh
+
+check:
+	./scripts/test.sh --quick
 
 bench:
 	./scripts/setup.sh

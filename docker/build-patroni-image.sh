@@ -14,6 +14,9 @@
 # (labels with the digests of what went in).
 #
 #   docker/build-patroni-image.sh               build the three images
+#   docker/build-patroni-image.sh --base-only   only what needs nothing of this checkout's build:
+#                                               Patroni's wheels and both base images (scripts/test.sh
+#                                               makes them while it builds and tests the rest)
 #   docker/build-patroni-image.sh --stage DIR   only write Dockerfile.patroni's build context to DIR
 #                                               (to build it on another base: see its header)
 #
@@ -29,10 +32,12 @@ PYTHON=${PYTHON:-python3}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/pg_ccm
 REQUIREMENTS=$ROOT/docker/patroni-requirements.txt
 STAGE_ONLY=
+BASE_ONLY=0
 case "${1:-}" in
-    --stage) [ -n "${2:-}" ] || { echo "usage: $0 [--stage DIR]" >&2; exit 2; }; STAGE_ONLY=$2 ;;
+    --stage) [ -n "${2:-}" ] || { echo "usage: $0 [--base-only | --stage DIR]" >&2; exit 2; }; STAGE_ONLY=$2 ;;
+    --base-only) BASE_ONLY=1 ;;
     "") ;;
-    *) echo "usage: $0 [--stage DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--base-only | --stage DIR]" >&2; exit 2 ;;
 esac
 
 . "$ROOT/scripts/lib/docker-image.sh"
@@ -61,6 +66,13 @@ stage() {  # stage DIR: Dockerfile.patroni's build context
 if [ -n "$STAGE_ONLY" ]; then
     stage "$STAGE_ONLY"
     echo "staged in $STAGE_ONLY"
+    exit 0
+fi
+
+if [ "$BASE_ONLY" = 1 ]; then
+    # pg_ccm-base:local (the compose demo's and the package test's) and pg_ccm-ha-base:local.
+    "$ROOT/docker/build-image.sh" --base-only
+    PG_CCM_BASE_IMAGE=$HA_BASE_IMAGE PG_CCM_BASE_PACKAGES=$HA_PACKAGES "$ROOT/docker/build-image.sh" --base-only
     exit 0
 fi
 

@@ -59,7 +59,7 @@ build_other_versions() {
 }
 
 install_python_packages() {
-    if ! python3 -c 'import psycopg, pytest, matplotlib' 2>/dev/null; then
+    if ! python3 -c 'import psycopg, pytest, xdist, matplotlib' 2>/dev/null; then
         log "installing Python packages (tests/requirements.txt)"
         python3 -m pip install --quiet --disable-pip-version-check -r "${ROOT}/tests/requirements.txt"
     fi

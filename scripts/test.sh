@@ -1,21 +1,42 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: set-up, the PostgreSQL-free unit tests once, then for
 # each PostgreSQL version: the SQL install-script check, the #[pg_test]s inside a real server
-# and the integration tests on a real primary and streaming standby of that version.
+# and the integration tests on a real primary and streaming standby of that version. At the end
+# (also after a failure) it prints a table of its phases with their wall times.
 #
-#   PG_VERSIONS="15 18" scripts/test.sh [pytest arguments]
+#   scripts/test.sh [pytest arguments]           the whole suite (what CI runs)
+#   scripts/test.sh --quick [pytest arguments]   the developers' loop: the unit tests and the
+#                                                integration tests marked `smoke`, on the
+#                                                newest version only (README: "Quick loop")
+#   PG_VERSIONS="15 18" scripts/test.sh          a narrower matrix
 #
-# Every version runs the whole integration suite but for two kinds of tests marked in
-# tests/integration/conftest.py: `container` tests (the Debian 12 image and packages, which
-# hold Debian's PostgreSQL 15) run once, with 15; and `oldest_newest` tests, the slow ones
-# whose code paths do not depend on the version, run with the oldest and the newest version
-# only. A version that cannot be had on this machine is reported in one line and skipped.
+# Which integration tests run on which version (markers in tests/conftest.py):
+#   - every test runs on the oldest and the newest version installed;
+#   - the versions between them (17, built with assertions: scripts/build-postgres.sh) run the
+#     tests marked `every_version`, those that go through version-specific code (compat.rs:
+#     buffer tags, read streams, asynchronous I/O, the prewarm workers) or that exercise the
+#     extension's memory handling, which the assertion-enabled server checks;
+#   - `container` tests (the Debian 12 image and packages, which hold Debian's PostgreSQL 15)
+#     run once, with 15.
+# The integration tests of a version run in PYTEST_WORKERS parallel pytest-xdist workers (most
+# of them wait on replication and the agent's timers); tests that share a module's cluster stay
+# on one worker (xdist_group). A version that cannot be had on this machine is reported in one
+# line and skipped.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 . "$ROOT/scripts/lib/pg-versions.sh"
+. "$ROOT/scripts/lib/phases.sh"
 
-"$ROOT/scripts/setup.sh"
+QUICK=0
+if [ "${1:-}" = --quick ]; then
+    QUICK=1
+    shift
+fi
+PYTEST_WORKERS=${PYTEST_WORKERS:-4}
+trap phase_table EXIT
+
+phase "set-up (scripts/setup.sh)" "$ROOT/scripts/setup.sh"
 
 versions=$(available_pg_versions)
 for version in $(wanted_pg_versions); do
@@ -27,25 +48,40 @@ done
 [ -n "$versions" ] || { echo "no PostgreSQL version to test" >&2; exit 1; }
 oldest=$(echo "$versions" | head -n 1)
 newest=$(echo "$versions" | tail -n 1)
+[ "$QUICK" = 1 ] && versions=$newest
 
-echo "==> unit tests (codec, walcache, agent)"
-cargo test --locked -p ccm-codec -p ccm-walcache -p ccm-agent
+# The container images' parts that need nothing of this build (Debian root file systems,
+# Patroni's wheels) are made while the rest goes on; the tests add pg_ccm to them.
+containers=0
+if [ "$QUICK" = 0 ] && [ "$oldest" = 15 ] && docker info >/dev/null 2>&1; then
+    containers=1
+    phase_start "container images: base layers" "$ROOT/docker/build-patroni-image.sh" --base-only
+fi
+
+phase "unit tests (codec, walcache, agent)" cargo test --locked -p ccm-codec -p ccm-walcache -p ccm-agent
 
 PGRX_TEST_DIR=/tmp/pg_ccm-pgrx-test
+pytest_scope() {  # VERSION: the -m expression of its integration tests
+    local version=$1 scope=()
+    [ "$version" = 15 ] && [ "$containers" = 1 ] || scope+=("not container")
+    [ "$version" = "$oldest" ] || [ "$version" = "$newest" ] || scope+=("every_version")
+    [ "$QUICK" = 0 ] || scope+=("smoke")
+    local joined="" term
+    for term in "${scope[@]}"; do joined="${joined:+$joined and }$term"; done
+    echo "$joined"
+}
+
 for version in $versions; do
-    echo "==> PostgreSQL $version: install script matches the code"
-    "$ROOT/scripts/check-sql.sh" --pg "$version"
-
-    echo "==> PostgreSQL $version: #[pg_test]s (pgrx)"
-    rm -rf "$PGRX_TEST_DIR" && install -d -o postgres -g postgres "$PGRX_TEST_DIR"
-    (cd extension && cargo pgrx test "pg$version" --runas postgres --pgdata "$PGRX_TEST_DIR/data")
-
-    echo "==> PostgreSQL $version: integration tests (primary + streaming standby)"
-    "$ROOT/scripts/install.sh" --pg "$version" --test-build
-    scope=()
-    [ "$version" = 15 ] || scope+=(-m "not container")
-    if [ "$version" != "$oldest" ] && [ "$version" != "$newest" ]; then
-        scope=(-m "not container and not oldest_newest")
+    if [ "$QUICK" = 0 ]; then
+        phase "PostgreSQL $version: install script matches the code" "$ROOT/scripts/check-sql.sh" --pg "$version"
+        rm -rf "$PGRX_TEST_DIR" && install -d -o postgres -g postgres "$PGRX_TEST_DIR"
+        phase "PostgreSQL $version: #[pg_test]s (pgrx)" \
+            bash -c "cd extension && cargo pgrx test pg$version --runas postgres --pgdata $PGRX_TEST_DIR/data"
     fi
-    PG_BIN=$(pg_bindir "$version") python3 -m pytest -p no:cacheprovider -v --durations=10 "${scope[@]}" tests/integration "$@"
+    phase "PostgreSQL $version: build and install (test build)" "$ROOT/scripts/install.sh" --pg "$version" --test-build
+    [ "$version" = 15 ] && [ "$containers" = 1 ] && phase_wait "container images: base layers"
+    scope=$(pytest_scope "$version")
+    phase "PostgreSQL $version: integration tests${scope:+ ($scope)}" \
+        env PG_BIN="$(pg_bindir "$version")" python3 -m pytest -p no:cacheprovider -v --durations=15 \
+        -n "$PYTEST_WORKERS" --dist loadgroup ${scope:+-m "$scope"} tests/integration "$@"
 done

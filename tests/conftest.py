@@ -10,4 +10,20 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "container: runs Docker images built on Debian 12's PostgreSQL 15 (scripts/test.sh: with 15 only)")
     config.addinivalue_line(
-        "markers", "oldest_newest: slow and independent of the PostgreSQL version (scripts/test.sh: with the oldest and newest version only)")
+        "markers", "every_version: goes through version-specific code or the extension's memory handling "
+                   "(scripts/test.sh: on every version; the others run on the oldest and the newest)")
+    config.addinivalue_line(
+        "markers", "smoke: the quick loop's subset (scripts/test.sh --quick)")
+
+
+# Modules whose tests take longest, started first so that parallel workers do not end on a long
+# tail; their tests share a module-scoped cluster, so each module stays on one worker.
+LONG_MODULES = ("test_patroni", "test_compose", "test_packages", "test_wal_cache", "test_churn", "test_agent_tls")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        return LONG_MODULES.index(module) if module in LONG_MODULES else len(LONG_MODULES)
+
+    items.sort(key=rank)  # stable: the order inside a module is kept

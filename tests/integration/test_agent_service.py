@@ -19,7 +19,6 @@ from test_warmup import wait_for_coverage, warm_primary
 
 # Readiness, systemd notify and the unit are the agent's own behaviour: the same on every
 # PostgreSQL version, so scripts/test.sh runs them with the oldest and the newest only.
-pytestmark = pytest.mark.oldest_newest
 
 
 def write_config(path: Path, **keys: str) -> None:

@@ -21,6 +21,9 @@ from harness import block_list
 from harness.agent import AgentProcess
 from harness.cluster import Cluster, Node
 
+# The extension's own code paths: on every version, the assertion-enabled one included.
+pytestmark = pytest.mark.every_version
+
 # What must never appear in the standby's log: a PANIC, the startup process dying, replay
 # finding a page it does not expect, an invalid page, or a FATAL of any session, but for
 # connection attempts while the server starts or stops and a client that went away (those
@@ -283,6 +286,7 @@ def test_churn_with_the_agent_loses_nothing(tmp_path, log_dir):
         assert_nothing_lost(primary, standby)
 
 
+@pytest.mark.smoke
 def test_prewarm_refuses_to_run_on_a_primary(cluster):
     rel = cluster.primary.sql("SELECT reltablespace::int8, reldatabase::int8, relfilenode::int8 "
                               "FROM pg_buffercache WHERE relfilenode IS NOT NULL AND reldatabase <> 0 LIMIT 1")[0]

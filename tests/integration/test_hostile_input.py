@@ -30,6 +30,9 @@ import pytest
 
 from harness.cluster import Node
 
+# The extension's own code paths: on every version, the assertion-enabled one included.
+pytestmark = pytest.mark.every_version
+
 # Address space the server's processes get beyond what an idle backend maps (about 0.2 GB
 # with 128 MB shared_buffers). The fixed code needs about 0.25 GB of it, to build the
 # hostile list in SQL. Decoding that list the old way needed about 3 GB (0.5 GB for

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.docker import docker_engine_runs
+from harness.docker import build_images, docker_engine_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 DEB_DIR = ROOT / "target" / "debian"
@@ -37,6 +37,7 @@ UNIT = ROOT / "packaging" / "ccm-agent.service"
 # The images hold Debian 12's PostgreSQL 15: scripts/test.sh runs these with 15 only.
 pytestmark = [
     pytest.mark.container,
+    pytest.mark.xdist_group("packages"),  # the module shares one container
     pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine"),
 ]
 
@@ -78,7 +79,7 @@ def debs() -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def container(debs):
-    subprocess.run([str(ROOT / "docker" / "build-image.sh"), "--base-only"], check=True, timeout=900)
+    build_images("build-image.sh", "--base-only", timeout=900)
     name = f"pgccm-packages-{uuid.uuid4().hex[:8]}"
     # No network: every dependency must already be in the image.
     subprocess.run(["docker", "run", "-d", "--name", name, "--network", "none", BASE_IMAGE, "sleep", "infinity"],

@@ -12,6 +12,9 @@ import pytest
 from harness import block_list
 from harness.cluster import Cluster, Node
 
+# The extension's own code paths: on every version, the assertion-enabled one included.
+pytestmark = pytest.mark.every_version
+
 
 def address(node: Node, table: str, dbname: str = "postgres") -> tuple[int, int, int]:
     """(tablespace, database, relfilenode) of a table, as buffer tags name it."""
@@ -53,6 +56,7 @@ def pair():
         yield built
 
 
+@pytest.mark.smoke
 def test_loads_counts_and_raises_usage_counts(pair):
     standby = pair.standby
     rel, n = address(standby, "t"), blocks(standby, "t")
@@ -90,6 +94,7 @@ def test_other_databases_are_read_by_a_worker_connected_to_them(pair):
     assert (requested, loaded + already, skipped) == (m, m, 0)
 
 
+@pytest.mark.smoke
 def test_bad_lists_are_rejected_with_22P03(pair):
     standby = pair.standby
     rel = address(standby, "t")
