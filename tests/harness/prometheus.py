@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,6 +20,7 @@ from typing import Any, Iterable
 import yaml
 
 from .cluster import free_port
+from .wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "monitoring"
@@ -192,20 +192,21 @@ class Prometheus(PrometheusAPI):
             [binary("prometheus"), f"--config.file={self.config}", f"--storage.tsdb.path={self.directory / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while not self._ready():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"prometheus did not become ready:\n{self.log()[-3000:]}")
-            time.sleep(0.1)
+        try:
+            self.wait_for(self._ready, "prometheus to be ready", interval=0.1)
+        except (TimeoutError, RuntimeError):
+            self.stop()
+            raise
         return self
 
     def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+            return response.status == 200
+
+    def _exited(self) -> str | None:
+        if self.process is None or self.process.poll() is not None:
+            return f"prometheus exited:\n{self.log()[-3000:]}"
+        return None
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -227,11 +228,8 @@ class Prometheus(PrometheusAPI):
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def wait_for(self, predicate, what: str, timeout: float = 30, interval: float = 0.2) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if self.process is None or self.process.poll() is not None:
-                raise RuntimeError(f"prometheus died while waiting for {what}:\n{self.log()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out waiting for {what}; prometheus log:\n{self.log()[-3000:]}")
-            time.sleep(interval)
+    def wait_for(self, predicate, what: str, timeout: float = 30, interval: float = 0.2) -> Any:
+        """Polls `predicate` while the server runs (a refused connection is "not yet"); a
+        timeout or the server's exit shows its log."""
+        return wait_for(what, predicate, timeout=timeout, interval=interval, retry_on=(OSError,),
+                        abort=self._exited, describe=lambda: f"prometheus log:\n{self.log()[-3000:]}")

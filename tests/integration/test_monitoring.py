@@ -32,9 +32,6 @@ from harness.prometheus import (RULES, Prometheus, alerts_of, dashboard_queries,
 ROOT = Path(__file__).resolve().parents[2]
 UNIT_TESTS = ROOT / "tests" / "monitoring" / "ccm-agent.rules.test.yml"
 
-# The rules and the dashboard do not depend on the PostgreSQL version.
-pytestmark = pytest.mark.oldest_newest
-
 # For each alert, a plausible mistake in its expression (old text, new text) that its unit tests
 # must catch.
 MISTAKES = {
@@ -69,6 +66,7 @@ def run_unit_tests(directory: Path, document: dict, alert: str | None = None) ->
     return promtool("test", "rules", UNIT_TESTS.name, cwd=directory)
 
 
+@pytest.mark.smoke
 def test_promtool_checks_the_rules_and_passes_their_unit_tests(tmp_path):
     checked = promtool("check", "rules", str(RULES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
