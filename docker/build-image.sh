@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the images of the compose demo and of the package test without a registry:
 #
-#   pg_ccm-base:local  Debian 12: `debootstrap --variant=minbase bookworm` with postgresql-15,
-#                      nothing of pg_ccm (tests/integration/test_packages.py installs the .debs
-#                      in it). The root filesystem is cached under ~/.cache/pg_ccm, then
-#                      `docker import`ed.
+#   pg_ccm-base:local  Debian 12: `debootstrap --variant=minbase bookworm` with postgresql-15 and
+#                      prometheus (the compose demo's monitoring), nothing of pg_ccm
+#                      (tests/integration/test_packages.py installs the .debs in it). The root
+#                      filesystem is cached under ~/.cache/pg_ccm, then `docker import`ed.
 #   pg_ccm:local       docker/Dockerfile on top of it: the installed extension (scripts/install.sh),
 #                      target/release/ccm-agent, the entry point, the healthcheck, the user
 #                      ccm-agent. Users with a registry build the same Dockerfile on the official
@@ -25,7 +25,7 @@ BASE_IMAGE=${PG_CCM_BASE_IMAGE:-pg_ccm-base:local}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/pg_ccm
 # Sorted and deduplicated, so that one set of packages is one cached tar.
 EXTRA_PACKAGES=$(printf '%s\n' ${PG_CCM_BASE_PACKAGES:-} | LC_ALL=C sort -u | paste -sd ' ')
-BASE_TAR=$CACHE/rootfs-bookworm-postgresql15${EXTRA_PACKAGES:++${EXTRA_PACKAGES// /+}}.tar
+BASE_TAR=$CACHE/rootfs-bookworm-postgresql15-prometheus${EXTRA_PACKAGES:++${EXTRA_PACKAGES// /+}}.tar
 BASE_ONLY=0
 case "${1:-}" in
     --base-only) BASE_ONLY=1 ;;
@@ -43,11 +43,14 @@ if [ ! -s "$BASE_TAR" ]; then
         { echo "no bookworm source in /etc/apt: set DEBIAN_MIRROR to a Debian mirror" >&2; exit 1; }
     mkdir -p "$CACHE"
     rootfs=$(mktemp -d)
-    packages=postgresql-15${EXTRA_PACKAGES:+,${EXTRA_PACKAGES// /,}}
+    packages=postgresql-15,prometheus${EXTRA_PACKAGES:+,${EXTRA_PACKAGES// /,}}
     echo "==> debootstrap bookworm with $packages (once; cached in $BASE_TAR)"
     debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" "$mirror" >/dev/null
     # The package's own cluster is not used: the entry point (or the test) makes its own.
-    rm -rf "$rootfs"/var/lib/postgresql/15 "$rootfs"/etc/postgresql/15 "$rootfs"/var/cache/apt/archives/*.deb
+    # Prometheus's web pages load moment-timezone-with-data.min.js only, not the 210 MB of
+    # per-zone files beside it (libjs-moment-timezone).
+    rm -rf "$rootfs"/var/lib/postgresql/15 "$rootfs"/etc/postgresql/15 "$rootfs"/var/cache/apt/archives/*.deb \
+        "$rootfs"/usr/share/javascript/moment-timezone/data
     tar -C "$rootfs" -cf "$BASE_TAR.tmp" .
     rm -rf "$rootfs"
     sha256sum < "$BASE_TAR.tmp" | cut -c1-16 > "$BASE_TAR.id"

@@ -5,6 +5,11 @@
 #                    streaming standby
 #   agent [ARGS...]  runs `ccm-agent ARGS...` (default: `ccm-agent run`) as the unprivileged
 #                    user ccm-agent; `ccm-agent ARGS...` does the same
+#   prometheus [ARGS...]
+#                    runs Prometheus as the user prometheus on port 9090 with
+#                    $PROMETHEUS_CONFIG (default /etc/pg_ccm/monitoring/prometheus.yml: the
+#                    compose demo mounts the repository's monitoring/ there), storage in
+#                    /var/lib/prometheus/metrics2, then ARGS
 #   anything else    is executed as given
 # PostgreSQL runs as the postgres user. Started as a non-root user (`docker run --user`,
 # compose's `user:`), only the agent roles and other commands work.
@@ -54,6 +59,12 @@ case "${1:-primary}" in
             exec setpriv --reuid=ccm-agent --regid=ccm-agent --init-groups -- /usr/local/bin/ccm-agent "$@"
         fi
         exec /usr/local/bin/ccm-agent "$@"
+        ;;
+    prometheus)
+        shift
+        exec setpriv --reuid=prometheus --regid=prometheus --init-groups -- /usr/bin/prometheus \
+            --config.file="${PROMETHEUS_CONFIG:-/etc/pg_ccm/monitoring/prometheus.yml}" \
+            --storage.tsdb.path=/var/lib/prometheus/metrics2 --web.listen-address=0.0.0.0:9090 "$@"
         ;;
     primary|standby)
         install -d -o postgres -g postgres /var/run/postgresql

@@ -6,6 +6,7 @@
 #              "off": only that the process runs)
 #   postgres   pg_isready over TCP on 127.0.0.1 (not the socket: the primary's first start
 #              runs a temporary server without TCP)
+#   prometheus GET /-/ready on 127.0.0.1:9090 (the entry point's role `prometheus`)
 #   patroni    (pg_ccm-patroni image) without a running PostgreSQL yet: unhealthy
 #   etcd       (pg_ccm-patroni image) `etcdctl endpoint health` on 127.0.0.1:2379
 #   the entry point still initializing (pg_basebackup, initdb): unhealthy
@@ -37,26 +38,28 @@ agent_addr() {
     echo "${addr:-127.0.0.1:9935}"
 }
 
-healthz() {  # healthz HOST:PORT
-    local host=${1%:*} port=${1##*:} status
+http_ok() {  # http_ok NAME HOST:PORT PATH: GET PATH answers 200
+    local name=$1 host=${2%:*} port=${2##*:} path=$3 status
     host=${host#[}; host=${host%]}
     case $host in
         ''|0.0.0.0) host=127.0.0.1 ;;
         ::) host=::1 ;;
     esac
-    exec 3<>"/dev/tcp/$host/$port" || { echo "ccm-agent: nothing listens on $host:$port"; return 1; }
-    printf 'GET /healthz HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' "$1" >&3
-    IFS=$' \t\r' read -r -t 4 _ status _ <&3 || { echo "ccm-agent: no answer from $host:$port"; return 1; }
+    exec 3<>"/dev/tcp/$host/$port" || { echo "$name: nothing listens on $host:$port"; return 1; }
+    printf 'GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' "$path" "$2" >&3
+    IFS=$' \t\r' read -r -t 4 _ status _ <&3 || { echo "$name: no answer from $host:$port"; return 1; }
     exec 3<&-
     [ "$status" = 200 ] && return 0
-    echo "ccm-agent: /healthz answered $status"
+    echo "$name: $path answered $status"
     return 1
 }
 
 if running ccm-agent; then
     addr=$(agent_addr)
     [ "$addr" = off ] && exit 0
-    healthz "$addr" || exit 1
+    http_ok ccm-agent "$addr" /healthz || exit 1
+elif running prometheus; then
+    http_ok prometheus 127.0.0.1:9090 /-/ready || exit 1
 elif running postgres; then
     exec pg_isready -q -h 127.0.0.1 -p "${PGPORT:-5432}" -U postgres
 elif running patroni; then

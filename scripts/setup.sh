@@ -3,8 +3,8 @@
 # already there (a second run takes seconds): PostgreSQL 15 server, headers and contrib from
 # Debian, PostgreSQL 17 and 18 built from Debian's source packages (scripts/build-postgres.sh),
 # libclang for bindgen, sudo (cargo pgrx test --runas), vmtouch (page-cache eviction in the
-# demo), cargo-pgrx 0.18.0, the pgrx init against every installed pg_config, and the Python
-# packages of the integration tests.
+# demo), Prometheus and promtool (the monitoring tests), cargo-pgrx 0.18.0, the pgrx init against
+# every installed pg_config, and the Python packages of the integration tests.
 #
 # PG_VERSIONS="15 18" limits the versions (default: all supported, scripts/lib/pg-versions.sh).
 # A version that cannot be had on this machine is reported in one line and left out.
@@ -22,6 +22,23 @@ install_apt_packages() {
     # The package may start its own cluster on 5432; ours use other ports, so leave it.
     install_debian_packages "Debian packages" postgresql-15 postgresql-server-dev-15 postgresql-contrib \
         libclang-dev clang pkg-config sudo vmtouch python3-pip
+}
+
+# Debian's prometheus package, for its `prometheus` and `promtool`: the tests start their own
+# servers on free loopback ports. The package's own service (on port 9090, started by the package
+# where systemd or an init script runs services) is stopped and disabled when this script
+# installs it; one that was installed before is left as it is.
+install_prometheus() {
+    dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q 'install ok installed' && return 0
+    install_debian_packages "Prometheus (monitoring tests)" prometheus
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    if [ -d /run/systemd/system ]; then
+        "${sudo[@]}" systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    else
+        "${sudo[@]}" update-rc.d prometheus disable >/dev/null 2>&1 || true
+        "${sudo[@]}" /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+    fi
 }
 
 install_cargo_pgrx() {
@@ -59,13 +76,14 @@ build_other_versions() {
 }
 
 install_python_packages() {
-    if ! python3 -c 'import psycopg, pytest, xdist, matplotlib' 2>/dev/null; then
+    if ! python3 -c 'import psycopg, pytest, xdist, matplotlib, yaml' 2>/dev/null; then
         log "installing Python packages (tests/requirements.txt)"
         python3 -m pip install --quiet --disable-pip-version-check -r "${ROOT}/tests/requirements.txt"
     fi
 }
 
 install_apt_packages
+install_prometheus
 build_other_versions
 install_cargo_pgrx
 install_python_packages

@@ -1,5 +1,5 @@
-"""The docker-compose cluster: it comes up, the agent runs unprivileged and healthy, the
-standby gets warm, a failover works.
+"""The docker-compose cluster: it comes up, the agent runs unprivileged and healthy, Prometheus
+evaluates pg_ccm's rules and scrapes the agent, the standby gets warm, a failover works.
 
 Skipped only where no Docker engine answers. The image is built offline by
 docker/build-image.sh (skipped when it is up to date).
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.docker import build_images, compose_command, docker_engine_runs
+from harness.prometheus import PrometheusAPI, load_rules, rules_of
 from harness.wait import wait_for as poll
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,6 +89,26 @@ def test_agent_runs_as_an_unprivileged_user_and_is_healthy(compose):
     # On the PostgreSQL nodes the same HEALTHCHECK is pg_isready.
     standby = compose.run("ps", "-q", "standby").stdout.strip()
     compose.wait(lambda: health(standby) == "healthy", "the standby's healthcheck to pass", timeout=120)
+
+
+def test_compose_prometheus_evaluates_the_rules_and_scrapes_the_agent(compose):
+    """Prometheus in the demo: healthy, on the host port `docker compose port` names, with every
+    rule of monitoring/ccm-agent.rules.yml loaded and healthy, scraping the agent (its
+    `cluster` label from monitoring/prometheus.yml) and its standby's coverage."""
+    container = compose.run("ps", "-q", "prometheus").stdout.strip()
+    assert container, compose.run("ps").stdout
+    compose.wait(lambda: docker("inspect", "-f", "{{.State.Health.Status}}", container).stdout.strip() == "healthy",
+                 "Prometheus's healthcheck to pass", timeout=60)
+    host, _, port = compose.run("port", "prometheus", "9090").stdout.strip().rpartition(":")
+    prometheus = PrometheusAPI(f"http://{host}:{port}")
+    shipped = list(rules_of(load_rules()))
+    loaded = prometheus.rules()
+    assert [r["name"] for r in loaded] == [r.get("alert") or r["record"] for r in shipped]
+    assert {r["health"] for r in loaded} == {"ok"}, [r for r in loaded if r["health"] != "ok"]
+    compose.wait(lambda: prometheus.values('ccm:agent_up{cluster="demo"}', "instance") == {"ccm-agent:9935": 1.0},
+                 "Prometheus to scrape the agent", timeout=60)
+    compose.wait(lambda: len(prometheus.query('ccm_agent_standby_coverage_ratio{cluster="demo"}')) == 1,
+                 "the standby's coverage series", timeout=120)
 
 
 def test_compose_cluster_warms_the_standby_and_survives_a_failover(compose):
