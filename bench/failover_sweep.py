@@ -236,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         template = demo.build_template(scenario, args, workdir)
         for storage in args.storages:
             for clients in args.client_counts:
+                longest = 0.0  # the arms compared warm up at least as long as the ones before them
                 for arm in args.arm_list:
-                    results.append(demo.run_once(scenario, template, arm, args, workdir, storage, clients))
+                    results.append(demo.run_once(scenario, template, arm, args, workdir, storage, clients, longest))
+                    longest = max(longest, results[-1].warm_before_window_s or 0.0)
     except KeyboardInterrupt as stop:
         say(f"interrupted ({stop or 'Ctrl-C'}): clusters, agent and cgroups removed")
         return 130

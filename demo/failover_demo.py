@@ -583,6 +583,7 @@ class RunResult:
     settle_reads_per_1000: float | None = None  # the primary's, when it settled (or at the timeout)
     settle_agent_loads_per_1000: float | None = None
     prewarm_primary_s: float | None = None  # pg_prewarm of the primary before the workload
+    warm_before_window_s: float | None = None  # the workload's seconds before the measured window
     # The old primary's reads in its measured window (pg_stat_io, or blks_read on 15) and
     # what its disk served (the blkio group: requests, bytes; page-cache hits not counted).
     old_primary_reads: int | None = None
@@ -846,11 +847,11 @@ def prewarm_primary(primary: Node) -> float:
 
 
 def settle(primary_reads: ReadSampler, warm: Workload, progress: Sampler | None, args: argparse.Namespace,
-           result: RunResult, tag: str) -> None:
+           result: RunResult, tag: str, least: float) -> None:
     """Waits until the old primary is at its steady state: over the last --settle-window
     seconds its storage reads (pg_stat_io's; blks_read on 15) were at most --settle-reads
     per 1000 transactions, and so were the blocks the agent loaded into the standby (CCM
-    arms), and the workload has run --warm-seconds. Records when; gives up at
+    arms), and the workload has run `least` seconds. Records when; gives up at
     --settle-timeout (the run goes on, and says so)."""
     window, limit = args.settle_window, args.settle_reads
     column = ReadSampler.IO_READS if primary_reads.io else ReadSampler.BLKS_READ
@@ -869,7 +870,7 @@ def settle(primary_reads: ReadSampler, warm: Workload, progress: Sampler | None,
     def settled() -> bool:
         result.settle_reads_per_1000 = per_1000(primary_reads.over(window, column))
         result.settle_agent_loads_per_1000 = per_1000(agent_loads()) if progress else None
-        if len(warm.tps) < args.warm_seconds or result.settle_reads_per_1000 is None:
+        if len(warm.tps) < least or result.settle_reads_per_1000 is None:
             return False
         if progress is not None and (result.settle_agent_loads_per_1000 is None or result.settle_agent_loads_per_1000 > limit):
             return False
@@ -890,10 +891,13 @@ def settle(primary_reads: ReadSampler, warm: Workload, progress: Sampler | None,
 
 
 def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namespace, workdir: Path,
-             storage: Storage | None = None, clients: int | None = None) -> RunResult:
+             storage: Storage | None = None, clients: int | None = None, warm_at_least: float = 0) -> RunResult:
     """One failover. With separate budgets (`storage` given: args.separate_budgets), every
     node and program runs in cgroups of its own, the primary is brought to its steady state
-    before a measured window of --pre-seconds, and the reads are also counted at the disk."""
+    before a measured window of --pre-seconds, and the reads are also counted at the disk.
+    `warm_at_least`: seconds the workload runs before that window at least (the callers pass
+    the longest of the arms compared before, so that no standby without CCM replays for less
+    time than a CCM arm's did: a shorter warm-up would leave it colder)."""
     clients = clients or args.clients
     label = f"{scenario.name} / {arm.name}" + (f" / {storage.name} / {clients} clients" if storage else "")
     tag = f"[{label}]"
@@ -942,7 +946,9 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
                 f"(at most {args.settle_timeout} s)")
             workloads.append(settling := Workload(primary, scenario, clients, args.settle_timeout + args.warm_seconds,
                                                   "primary (settling)", launcher=client_on("primary")))
-            settle(sampler, settling, progress if agent is not None else None, args, result, tag)
+            settle(sampler, settling, progress if agent is not None else None, args, result, tag,
+                   least=max(args.warm_seconds, warm_at_least))
+            result.warm_before_window_s = round(time.monotonic() - settling.started, 1)
             settling.stop()
             say(f"{tag} measured window: the same workload for {args.pre_seconds} s")
             before_reads, before_device = storage_reads(primary, io), budgets.primary.reads()
@@ -1229,6 +1235,8 @@ def fair_rows(runs: list[RunResult]) -> tuple[list[tuple[str, list[str]]], list[
         ("  primary settled after (workload seconds; reads per 1000 transactions then)",
          [f"{r.settled_after_s:.0f} s ({fmt_rate(r.settle_reads_per_1000)})" if r.settled_after_s is not None
           else f"NOT settled ({fmt_rate(r.settle_reads_per_1000)})" for r in runs]),
+        ("  workload on the primary before the measured window (at least the arms' before it), s",
+         [fmt_count(r.warm_before_window_s) for r in runs]),
         ("  primary prewarmed first (pg_prewarm), s", [fmt_count(r.prewarm_primary_s) for r in runs]),
         (f"  old primary's storage reads in its last {window} s (pg_stat_io; blks_read on 15)", [fmt_count(r.old_primary_reads) for r in runs]),
         (f"  old primary's disk reads in its last {window} s (blkio: requests / MB)",
@@ -1818,8 +1826,10 @@ def main(argv: list[str] | None = None) -> int:
             say(f"scenario {scenario.name}: {scenario.description}")
             template = build_template(scenario, args, workdir)
             for storage in args.storages or [None]:
+                longest = 0.0  # the arms compared warm up at least as long as the ones before them
                 for arm in modes(args, scenario.name):
-                    results.append(run_once(scenario, template, arm, args, workdir, storage))
+                    results.append(run_once(scenario, template, arm, args, workdir, storage, warm_at_least=longest))
+                    longest = max(longest, results[-1].warm_before_window_s or 0.0)
     except KeyboardInterrupt as stop:
         say(f"interrupted ({stop or 'Ctrl-C'}): clusters and agent stopped")
         return 130
