@@ -60,6 +60,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from array import array
@@ -470,6 +471,34 @@ class ReadSampler(Sampler):
         return self.rates(origin, 2)
 
 
+# What the active client backends wait on; "CPU" is active without a wait event: running, or
+# waiting for a CPU.
+WAITS = ("SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU'), count(*)::int FROM pg_stat_activity "
+         "WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend_pid() GROUP BY 1")
+
+
+class WaitSampler(Sampler):
+    """The wait events of a node's active client backends, sampled every 0.2 s."""
+
+    def __init__(self, node: Node):
+        super().__init__(f"wait events on {node.name}", lambda conn: dict(conn.execute(WAITS).fetchall()), node.connect,
+                         interval=0.2)
+
+    def shares(self, start: float, end: float) -> dict[str, float]:
+        """Each wait event's share of the backends seen active between two moments, most first."""
+        totals: dict[str, int] = {}
+        for at, counts in self.samples:
+            if start <= at <= end:
+                for event, count in counts.items():
+                    totals[event] = totals.get(event, 0) + count
+        seen = sum(totals.values())
+        return {event: round(count / seen, 3) for event, count in sorted(totals.items(), key=lambda item: -item[1])} if seen else {}
+
+
+def fmt_waits(shares: dict[str, float], top: int = 3) -> str:
+    return ", ".join(f"{event} {share:.0%}" for event, share in list(shares.items())[:top]) or "-"
+
+
 def agent_progress(agent: AgentProcess) -> tuple[float, int, int] | None:
     """The agent's coverage of the hot set at its last scan, the hot set's size (blocks) and
     the blocks it has loaded into standbys so far; None before its first cycle."""
@@ -570,6 +599,7 @@ class RunResult:
     pre_failover_fpi_per_s: float | None = None
     first_10s_fpi_per_s: float | None = None
     kill_at: float = 0.0
+    kill_wait_s: float = 0.0  # of kill_to_promoted_s: until the old primary's processes were gone
     # Separate budgets (demo/README.md, "Separate budgets"); None/empty without them.
     storage: str = "shared"  # "local", "cloud", or "shared": both nodes on the machine's CPUs and disk, as before
     clients: int = 0
@@ -610,6 +640,10 @@ class RunResult:
     # primary's measured window (pgbench had just connected), as % of the window's mean; the
     # new primary's first second starts from fresh connections too.
     fresh_connections_first_s_pct: float | None = None
+    # What the active client backends waited on (WaitSampler): the old primary's measured
+    # window, the new primary's first FIRST_WINDOW s; {wait event or "CPU": share}.
+    waits_before: dict[str, float] = field(default_factory=dict)
+    waits_after: dict[str, float] = field(default_factory=dict)
     # Where the reads came from (demo/README.md, "Diagnosis"): the blocks the primary cached
     # and the standby lacked at the kill, by relation and the primary's usage count
     # ({relation: [count with usage 0, 1, ..., 5]}), and the blocks the new primary cached by
@@ -653,8 +687,8 @@ def compute_figures(result: RunResult, after_tps: list[float], offset: float) ->
     first10 = after_tps[:FIRST_WINDOW]
     if first10 and result.pre_failover_tps:
         result.first_10s_pct = 100.0 * statistics.mean(first10) / result.pre_failover_tps
-    if before and result.pre_failover_tps and len(before) >= result.pre_window_s:
-        result.fresh_connections_first_s_pct = round(100.0 * before[-result.pre_window_s] / result.pre_failover_tps, 1)
+    if before and result.pre_failover_tps:  # the workload's first second: pgbench had just connected
+        result.fresh_connections_first_s_pct = round(100.0 * before[0] / result.pre_failover_tps, 1)
     if len(after_tps) >= 2 * PRE_WINDOW:
         result.post_failover_steady_tps = statistics.mean(after_tps[-PRE_WINDOW:])
 
@@ -954,6 +988,7 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
             before_reads, before_device = storage_reads(primary, io), budgets.primary.reads()
             before_cpu = budgets.cpu_seconds()
             window_started = time.monotonic()
+            samplers.append(waits_before := WaitSampler(primary))
             workloads.append(warm := Workload(primary, scenario, clients, args.pre_seconds, "primary    ",
                                               log_dir=cluster.base / "pgbench-primary", launcher=client_on("primary")))
         else:
@@ -962,6 +997,8 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
                                               log_dir=cluster.base / "pgbench-primary"))
         warm.wait()
         if budgets is not None:
+            waits_before.stop()
+            result.waits_before = waits_before.shares(window_started, time.monotonic())
             elapsed = time.monotonic() - window_started
             result.cpu_cores_primary, result.cpu_cores_standby, result.cpu_cores_client, result.cpu_cores_agent = (
                 round((after - before_cpu[key]) / elapsed, 2) for key, after in budgets.cpu_seconds().items())
@@ -1002,12 +1039,16 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
         say(f"{tag} FAILOVER: SIGKILL of the primary's postmaster, pg_ctl promote of the standby")
         killed = time.monotonic()
         primary.kill()
+        # The harness waits until the old primary's processes are gone (a backend busy in a
+        # query notices the postmaster's death only when it next waits); a real standby does not.
+        result.kill_wait_s = round(time.monotonic() - killed, 3)
         standby.promote()
         promoted = time.monotonic()
         workloads.append(after := Workload(standby, scenario, clients, args.after_seconds, "new primary",
                                            log_dir=cluster.base / "pgbench-new-primary", launcher=client_on("standby")))
         samplers.append(sampler_after := ReadSampler(standby, io, budgets.standby if budgets else None))
         if budgets is not None:
+            samplers.append(waits_after := WaitSampler(standby))
             cpu_at_promotion = budgets.cpu_seconds()
             cpu_after: dict[str, float] = {}
             cpu_timer = threading.Timer(promoted + FIRST_WINDOW - time.monotonic(), lambda: cpu_after.update(budgets.cpu_seconds()))
@@ -1032,6 +1073,8 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
         result.blocks_read_window_s = args.after_seconds
         if storage is not None:
             cpu_timer.join()
+            waits_after.stop()
+            result.waits_after = waits_after.shares(promoted, promoted + FIRST_WINDOW)
             if cpu_after:
                 result.cpu_cores_after = [round((cpu_after[key] - cpu_at_promotion[key]) / FIRST_WINDOW, 2)
                                           for key in ("standby", "client", "agent")]
@@ -1258,6 +1301,9 @@ def fair_rows(runs: list[RunResult]) -> tuple[list[tuple[str, list[str]]], list[
          [f"{fmt_count(r.peak_device_iops_after)} / {fmt_count(r.peak_device_mbps_after)}" for r in runs]),
         (f"CPU cores used in the first {FIRST_WINDOW} s after promotion: new primary / pgbench / agent",
          [" / ".join(fmt_rate(c) for c in r.cpu_cores_after) or "-" for r in runs]),
+        ("what active backends waited on: old primary, measured window (CPU: running or runnable)",
+         [fmt_waits(r.waits_before) for r in runs]),
+        (f"  ... new primary, first {FIRST_WINDOW} s", [fmt_waits(r.waits_after) for r in runs]),
     ]
     return before, after
 
@@ -1290,6 +1336,7 @@ def table_rows(runs: list[RunResult], args: argparse.Namespace) -> list[tuple[st
         ]
     rows += [
         ("kill to promoted (new primary accepts writes)", [f"{r.kill_to_promoted_s:.2f} s" for r in runs]),
+        ("  of which the harness waited for the old primary's processes to exit", [f"{r.kill_wait_s:.2f} s" for r in runs]),
         ("time from promotion to 90% of pre-failover TPS: first reached",
          [fmt_seconds(r.seconds_to_90pct_first, args.after_seconds) for r in runs]),
         ("time from promotion to 90% of pre-failover TPS: reached and kept",
@@ -1369,7 +1416,8 @@ def cause(run: RunResult) -> str:
             f"writes the whole page to WAL); the old primary's own first second from fresh connections ran at "
             f"{fmt_pct(run.fresh_connections_first_s_pct)} of its mean (the new primary's clients connect afresh too); "
             f"CPU cores in the new primary's first {FIRST_WINDOW} s (node / pgbench / agent): "
-            f"{' / '.join(fmt_rate(c) for c in run.cpu_cores_after) or '-'}")
+            f"{' / '.join(fmt_rate(c) for c in run.cpu_cores_after) or '-'}; its active backends waited on "
+            f"{fmt_waits(run.waits_after)} (the old primary's: {fmt_waits(run.waits_before)})")
 
 
 def check_targets(run: RunResult, without: RunResult | None, args: argparse.Namespace, prefix: str) -> dict[str, object]:
@@ -1388,6 +1436,8 @@ def check_targets(run: RunResult, without: RunResult | None, args: argparse.Name
                   f"{run.new_primary_device_reads_60s} / {without.new_primary_device_reads_60s} = {checks['device_read_ratio_60s']:.2%}")
     if run.storage != "shared":
         targets = fair_targets(run, checks, args)
+        if run.blocks_read_window_s < READS_WINDOW:
+            print(f"(the read figures cover the whole {run.blocks_read_window_s} s run, not {READS_WINDOW} s: --after-seconds)")
     else:
         first = run.seconds_to_90pct_first
         targets = [
@@ -1589,9 +1639,10 @@ def chart(results: list[RunResult], path: Path, args: argparse.Namespace) -> Non
                              f"({counter}: old primary before 0, new primary after)")
         reads_axis.set_ylabel("blocks per second")
         reads_axis.set_xlabel("seconds from promotion")
-    budgets = f";\nseparate budgets: {results[0].cpu_split}" if results[0].cpu_split else ""
-    figure.suptitle(f"pg_ccm failover demo on {results[0].postgresql}, with and without ccm-agent\n(separate hosts emulated: the standby's "
-                    f"files are dropped from the OS page cache before the failover, in every run{budgets})", fontsize=10)
+    budgets = f"; separate budgets: {results[0].cpu_split}" if results[0].cpu_split else ""
+    subtitle = textwrap.fill(f"(separate hosts emulated: the standby's files are dropped from the OS page cache before the "
+                             f"failover, in every run{budgets})", width=int(14 * figure.get_figwidth()))
+    figure.suptitle(f"pg_ccm failover demo on {results[0].postgresql}, with and without ccm-agent\n{subtitle}", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
