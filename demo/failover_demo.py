@@ -232,7 +232,10 @@ class Arm:
     # kill (demo/README.md, "Separate hosts on one machine"). An arm that models a standby
     # host with a page cache of its own turns it off and gives the nodes `node_memory`.
     drop_standby_page_cache: bool = True
-    node_memory: str | None = None  # memory.limit_in_bytes of each node's group (separate budgets only)
+    # memory.limit_in_bytes of each node's group (separate budgets only). The group is charged
+    # with the node's page cache and with its shared memory (shared_buffers, touched by the
+    # postmaster's children), so a limit must leave room for shared_buffers.
+    node_memory: str | None = None
 
     @property
     def fill_room(self) -> bool | None:
