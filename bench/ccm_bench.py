@@ -4,6 +4,7 @@
     python3 bench/ccm_bench.py [--pg N | N,M,... | all] [--shared-buffers 4GB]
                                [--only scan,filter,list,prewarm,overhead,standbys] [--io-methods worker,io_uring]
     python3 bench/ccm_bench.py --only replay [--shared-buffers 4GB] [--rounds 3] [--replay-seconds 60]
+    python3 bench/ccm_bench.py --only failover [--failover-args '--clients 4,16,64 --storage both']
 
     make bench                                  # every section, newest PostgreSQL with pg_ccm
     make bench PG=15                            # = ARGS='--pg 15': installs pg_ccm into 15 first
@@ -35,6 +36,11 @@ Sections:
             warm standby, in --rounds interleaved rounds, and (c) a standby restarted cold with the
             agent against (d) the same restart without it; with the primary's TPS, the blocks
             the agent loaded and the standby's storage reads (replay's and the rest)
+  failover  (not in the default list: about two hours at the defaults; bench/failover_sweep.py, also
+            runnable alone, where its options are described) the failover benchmark of issue 28:
+            4, 16 and 64 clients, the local disk and cloud-like storage (3000 IOPS, 125 MB/s per
+            node), with ccm-agent and without CCM, separate budgets per node; its options go in
+            --failover-args, e.g. --failover-args '--clients 16 --storage cloud'
   steady    (not in the default list; bench/steady.py, also runnable alone) the steady-state
             cost of a warm standby per agent cycle at each --steady-sizes shared_buffers: CPU of
             the agent's sessions on each node, bytes on the wire per direction (ss), blocks sent,
@@ -49,6 +55,7 @@ from __future__ import annotations
 import argparse
 import random
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -60,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from common import Sampler, percentile, say, server_settings  # noqa: E402  (bench/common.py)
 from harness import block_list  # noqa: E402
 from steady import add_steady_arguments, bench_steady  # noqa: E402  (bench/steady.py)
+import failover_sweep  # noqa: E402  (bench/failover_sweep.py)
 from harness.agent import AgentProcess  # noqa: E402
 from harness.cluster import (Cluster, Node, PgVersionError, pg_bin, pg_version_text, pgbench,  # noqa: E402
                              resolve_pg_versions, use_pg_version)
@@ -637,6 +645,11 @@ def run_sections(only: set[str], args: argparse.Namespace) -> dict[str, list[dic
             bench_overhead(cluster, args.rounds, args.seconds, args.clients, cluster.base)
     if "steady" in only:
         bench_steady(args)  # its own clusters, one per --steady-sizes size
+    if "failover" in only:
+        # Its own clusters, cgroups and data set; its tables go to stdout and demo-output/.
+        code = failover_sweep.main(["--pg", str(args.pg_version), *shlex.split(args.failover_args)])
+        if code:
+            raise SystemExit(code)
     if "replay" in only:
         # Both nodes with the benchmark's shared_buffers (the standby is cloned with the
         # primary's configuration).
@@ -645,8 +658,8 @@ def run_sections(only: set[str], args: argparse.Namespace) -> dict[str, list[dic
     return {"prewarm": prewarm, "replay": replay}
 
 
-SECTIONS = ("scan", "filter", "list", "prewarm", "overhead", "standbys", "replay", "steady")
-DEFAULT_SECTIONS = SECTIONS[:-2]  # replay and steady only when asked for
+SECTIONS = ("scan", "filter", "list", "prewarm", "overhead", "standbys", "replay", "steady", "failover")
+DEFAULT_SECTIONS = SECTIONS[:-3]  # replay, steady and failover only when asked for
 
 
 def main() -> None:
@@ -659,8 +672,10 @@ def main() -> None:
                         help="PostgreSQL 18's io_method values the prewarm section runs with, in turn (default worker,io_uring)")
     parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS),
                         help=f"comma-separated sections among {','.join(SECTIONS)} (default {','.join(DEFAULT_SECTIONS)}; "
-                             "replay (about 25 minutes at the defaults) and steady (its --steady-sizes) "
-                             "run only when named)")
+                             "replay (about 25 minutes at the defaults), steady (its --steady-sizes) and failover "
+                             "(about two hours) run only when named)")
+    parser.add_argument("--failover-args", default="",
+                        help="options of bench/failover_sweep.py for the failover section, in one string")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the overhead and replay sections (default 3)")
     parser.add_argument("--seconds", type=int, default=20, help="length of an overhead round (default 20)")
     parser.add_argument("--clients", type=int, default=4, help="pgbench clients of the overhead section (default 4)")
@@ -693,6 +708,7 @@ def main() -> None:
     prewarm: list[dict] = []
     for version in versions:
         use_pg_version(version)
+        args.pg_version = version
         say(f"# {pg_version_text()} ({pg_bin()})")
         say()
         prewarm += run_sections(only, args)["prewarm"]

@@ -60,6 +60,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from array import array
@@ -73,6 +74,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from harness.agent import AGENT_BIN, AgentProcess  # noqa: E402
+from harness.cgroups import Budget, NodeCgroups, controller_available, data_device  # noqa: E402
+from harness.wait import wait_for  # noqa: E402
 from harness.cluster import (Cluster, Node, PgVersionError, coverage, pg_bin, pg_version_text, pgbench,  # noqa: E402
                              resolve_pg_versions, use_pg_version)
 
@@ -148,9 +151,14 @@ class Scenario:
             # Nor a timed one: longer than a run, so that the only checkpoints are the run's own
             # (the standby made cold, the promotion). At 5 GB a timed checkpoint's writes and
             # full-page images would land in one run's measurement and not in another's.
-            "checkpoint_timeout": f"'{min(1440, 30 + (args.warm_seconds + args.after_seconds) // 60)}min'",
+            # With separate budgets the primary may work until --settle-timeout before its window.
+            "checkpoint_timeout": f"'{min(1440, 30 + (args.warm_seconds + args.after_seconds + self.settling(args)) // 60)}min'",
             **dict(args.set),
         }
+
+    @staticmethod
+    def settling(args: argparse.Namespace) -> int:
+        return args.settle_timeout + args.pre_seconds if getattr(args, "separate_budgets", False) else 0
 
 
 AURORA_MIX = ["-b", "tpcb-like@1", "-b", "select-only@20"]
@@ -213,27 +221,56 @@ def scenarios(args: argparse.Namespace, workdir: Path) -> list[Scenario]:
 
 
 @dataclass(frozen=True)
-class Mode:
-    """One run of a scenario: with ccm-agent (fill_room as the agent defaults, or off) or without CCM."""
+class Arm:
+    """One arm of the comparison: what runs beside the nodes and how the failover finds the
+    standby. Arms are data: a new one (say, a standby whose own page cache survives) is one
+    more entry in ARMS, and every report and the sweep (bench/failover_sweep.py) show it."""
     name: str
-    slug: str  # the run's directory
-    agent_args: tuple[str, ...] | None  # None: no agent
+    slug: str  # the run's directory, and its name on the command line (--arms)
+    agent_args: tuple[str, ...] | None  # ccm-agent run's extra arguments; None: no agent
+    # Separate hosts emulated: the standby's files leave the OS page cache just before the
+    # kill (demo/README.md, "Separate hosts on one machine"). An arm that models a standby
+    # host with a page cache of its own turns it off and gives the nodes `node_memory`.
+    drop_standby_page_cache: bool = True
+    # memory.limit_in_bytes of each node's group (separate budgets only). The group is charged
+    # with the node's page cache and with its shared memory (shared_buffers, touched by the
+    # postmaster's children), so a limit must leave room for shared_buffers.
+    node_memory: str | None = None
 
     @property
     def fill_room(self) -> bool | None:
         return None if self.agent_args is None else "--fill-room" not in self.agent_args
 
 
-CCM = Mode("with ccm-agent", "ccm", ())
-CCM_HOT_SET_ONLY = Mode("with ccm-agent (hot set only)", "ccm-hot-set-only", ("--fill-room", "false"))
-NO_CCM = Mode("without CCM", "none", None)
+CCM = Arm("with ccm-agent", "ccm", ())
+CCM_HOT_SET_ONLY = Arm("with ccm-agent (hot set only)", "ccm-hot-set-only", ("--fill-room", "false"))
+NO_CCM = Arm("without CCM", "none", None)
+ARMS = {arm.slug: arm for arm in (CCM, CCM_HOT_SET_ONLY, NO_CCM)}
+
+
+@dataclass(frozen=True)
+class Storage:
+    """What each node's reads from the data disk are limited to (separate budgets only)."""
+    name: str
+    read_iops: int = 0  # 0: no limit
+    read_mbps: int = 0
+    description: str = ""
+
+
+def storages(args: argparse.Namespace) -> dict[str, Storage]:
+    return {
+        "local": Storage("local", 0, 0, "this machine's local disk, reads unthrottled (counted per node)"),
+        "cloud": Storage("cloud", args.cloud_iops, args.cloud_mbps,
+                         f"each node's reads throttled to {args.cloud_iops} IOPS and {args.cloud_mbps} MB/s "
+                         "(a general-purpose cloud SSD volume's baseline)"),
+    }
 
 
 def fill_room_choice(args: argparse.Namespace, scenario: str) -> str:
     return args.fill_room or FILL_ROOM_DEFAULT.get(scenario, "on")
 
 
-def modes(args: argparse.Namespace, scenario: str) -> list[Mode]:
+def modes(args: argparse.Namespace, scenario: str) -> list[Arm]:
     """The runs of a scenario, in order: the CCM runs --fill-room asks for, then the one without."""
     ccm = {"on": [CCM], "off": [CCM_HOT_SET_ONLY], "both": [CCM, CCM_HOT_SET_ONLY]}[fill_room_choice(args, scenario)]
     return {"ccm": ccm, "none": [NO_CCM], "both": [*ccm, NO_CCM]}[args.only]
@@ -247,7 +284,7 @@ class Workload:
     `log_dir`, pgbench also logs every transaction there (--log), read by latencies()."""
 
     def __init__(self, node: Node, scenario: Scenario, clients: int, seconds: int, label: str,
-                 log_dir: Path | None = None):
+                 log_dir: Path | None = None, launcher: list[str] | None = None):
         self.label, self.seconds, self.log_dir = label, seconds, log_dir
         self.tps: list[float] = []
         self.other_lines: list[str] = []
@@ -259,7 +296,9 @@ class Workload:
                 "-n", "-M", "prepared", "-P", "1", "-c", str(clients), "-j", str(min(2, clients)),
                 "-T", str(seconds), *log, *scenario.workload, "postgres"]
         self.started, self.started_epoch = time.monotonic(), time.time()
-        self.process = subprocess.Popen(DIE_WITH_US + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # `launcher`: a command prefix that puts pgbench into a CPU set (separate budgets).
+        self.process = subprocess.Popen([*DIE_WITH_US, *(launcher or []), *argv], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -379,28 +418,54 @@ class Sampler:
 
 
 class ReadSampler(Sampler):
-    """Blocks read (storage_reads) and full-page images of one node, sampled every second.
+    """Blocks read (storage_reads), full-page images and, with `groups` (the node's own
+    cgroups), the requests and bytes its disk served, of one node, sampled every second.
 
-    Backends flush their statistics at most once a second, so a sample lags the truth by up
-    to a second; the per-second series are for the chart, the totals are read separately."""
+    Backends flush their statistics at most once a second, so a pg_stat_* sample lags the
+    truth by up to a second; the blkio counters do not lag. The per-second series are for the
+    chart; the totals over a whole workload are read separately, once the clients are gone."""
 
-    def __init__(self, node: Node, io: bool):
-        self.node, self.io = node, io
+    BLKS_READ, IO_READS, FPI, DEVICE_READS, DEVICE_BYTES = range(5)
+
+    def __init__(self, node: Node, io: bool, groups: NodeCgroups | None = None):
+        self.node, self.io, self.groups = node, io, groups
         super().__init__(f"read sampler on {node.name}", self._probe, node.connect)
 
-    def _probe(self, conn) -> tuple[int, int | None, int]:
+    def _probe(self, conn) -> tuple[int, int | None, int, int | None, int | None]:
         blocks, io_reads = storage_reads(self.node, self.io, conn)
         # Full-page images written (pg_stat_wal.wal_fpi): after a checkpoint, the first change
         # of every page writes the whole page into WAL.
         fpi = conn.execute("SELECT wal_fpi FROM pg_stat_wal").fetchone()[0]
-        return blocks, io_reads, int(fpi)
+        device = self.groups.reads() if self.groups is not None else (None, None)
+        return blocks, io_reads, int(fpi), *device
 
     def rates(self, origin: float, column: int = 0) -> list[tuple[float, float]]:
         """(seconds since origin, per second) between consecutive samples of one column:
-        0 blks_read, 1 pg_stat_io reads (16+), 2 full-page images."""
+        0 blks_read, 1 pg_stat_io reads (16+), 2 full-page images, 3 disk read requests,
+        4 bytes read from the disk (the last two with the node's cgroups)."""
         samples = [(t, value[column]) for t, value in self.samples if value[column] is not None]
         return [(round(t1 - origin, 2), round((v1 - v0) / (t1 - t0), 1))
                 for (t0, v0), (t1, v1) in zip(samples, samples[1:]) if t1 > t0]
+
+    def at(self, moment: float, column: int) -> float | None:
+        """A column's value at `moment` (time.monotonic()), interpolated between the samples
+        around it; None if the samples do not reach it."""
+        samples = [(t, value[column]) for t, value in self.samples if value[column] is not None]
+        for (t0, v0), (t1, v1) in zip(samples, samples[1:]):
+            if t0 <= moment <= t1:
+                return v0 + (v1 - v0) * ((moment - t0) / (t1 - t0) if t1 > t0 else 1.0)
+        return None
+
+    def over(self, seconds: float, column: int) -> float | None:
+        """A column's rise over the last `seconds` sampled (None with too few samples)."""
+        if not self.samples:
+            return None
+        latest = self.samples[-1][0]
+        if latest - self.samples[0][0] < seconds:
+            return None
+        earlier = self.at(latest - seconds, column)
+        last = self.samples[-1][1][column]
+        return None if earlier is None or last is None else last - earlier
 
     def io_rates(self, origin: float) -> list[tuple[float, float]]:
         return self.rates(origin, 1)
@@ -409,13 +474,42 @@ class ReadSampler(Sampler):
         return self.rates(origin, 2)
 
 
-def agent_progress(agent: AgentProcess) -> tuple[float, int] | None:
-    """The agent's coverage of the hot set at its last scan and the hot set's size (blocks);
-    None before its first cycle."""
+# What the active client backends wait on; "CPU" is active without a wait event: running, or
+# waiting for a CPU.
+WAITS = ("SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU'), count(*)::int FROM pg_stat_activity "
+         "WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend_pid() GROUP BY 1")
+
+
+class WaitSampler(Sampler):
+    """The wait events of a node's active client backends, sampled every 0.2 s."""
+
+    def __init__(self, node: Node):
+        super().__init__(f"wait events on {node.name}", lambda conn: dict(conn.execute(WAITS).fetchall()), node.connect,
+                         interval=0.2)
+
+    def shares(self, start: float, end: float) -> dict[str, float]:
+        """Each wait event's share of the backends seen active between two moments, most first."""
+        totals: dict[str, int] = {}
+        for at, counts in self.samples:
+            if start <= at <= end:
+                for event, count in counts.items():
+                    totals[event] = totals.get(event, 0) + count
+        seen = sum(totals.values())
+        return {event: round(count / seen, 3) for event, count in sorted(totals.items(), key=lambda item: -item[1])} if seen else {}
+
+
+def fmt_waits(shares: dict[str, float], top: int = 3) -> str:
+    return ", ".join(f"{event} {share:.0%}" for event, share in list(shares.items())[:top]) or "-"
+
+
+def agent_progress(agent: AgentProcess) -> tuple[float, int, int] | None:
+    """The agent's coverage of the hot set at its last scan, the hot set's size (blocks) and
+    the blocks it has loaded into standbys so far; None before its first cycle."""
     metrics = agent.metrics()
     if not metrics.get("ccm_agent_cycles_total"):
         return None
-    return metrics.get("ccm_agent_coverage_ratio", 0.0), int(metrics.get("ccm_agent_hot_set_blocks", 0))
+    loaded = sum(v for k, v in metrics.items() if k == "ccm_agent_blocks_loaded_total" or k.startswith("ccm_agent_blocks_loaded_total{"))
+    return metrics.get("ccm_agent_coverage_ratio", 0.0), int(metrics.get("ccm_agent_hot_set_blocks", 0)), int(loaded)
 
 
 def percentiles(latencies_us: Iterable[int]) -> tuple[float, float] | None:
@@ -508,6 +602,59 @@ class RunResult:
     pre_failover_fpi_per_s: float | None = None
     first_10s_fpi_per_s: float | None = None
     kill_at: float = 0.0
+    kill_wait_s: float = 0.0  # of kill_to_promoted_s: until the old primary's processes were gone
+    # Separate budgets (demo/README.md, "Separate budgets"); None/empty without them.
+    storage: str = "shared"  # "local", "cloud", or "shared": both nodes on the machine's CPUs and disk, as before
+    clients: int = 0
+    pre_window_s: int = PRE_WINDOW  # the old primary's measured seconds before the kill
+    seconds_to_95pct_first: float | None = None
+    seconds_to_95pct_stay: float | None = None
+    # Settling: from the workload's start on the primary to the first second at which its
+    # storage reads per 1000 transactions (and the agent's loads) over --settle-window were at
+    # most --settle-reads; None: not by --settle-timeout (the measured window ran anyway).
+    settled_after_s: float | None = None
+    settle_reads_per_1000: float | None = None  # the primary's, when it settled (or at the timeout)
+    settle_agent_loads_per_1000: float | None = None
+    prewarm_primary_s: float | None = None  # pg_prewarm of the primary before the workload
+    warm_before_window_s: float | None = None  # the workload's seconds before the measured window
+    # The old primary's reads in its measured window (pg_stat_io, or blks_read on 15) and
+    # what its disk served (the blkio group: requests, bytes; page-cache hits not counted).
+    old_primary_reads: int | None = None
+    old_primary_device_reads: int | None = None
+    old_primary_device_mb: float | None = None
+    # The new primary's in its first READS_WINDOW s: pg_stat_io (sampled every second,
+    # interpolated at the mark; its backends flush at most once a second) and the disk's.
+    new_primary_reads_60s: int | None = None
+    new_primary_device_reads_60s: int | None = None
+    new_primary_device_mb_60s: float | None = None
+    device_reads_after: list[list[float]] = field(default_factory=list)  # [sample time, requests/s, MB/s]
+    device_reads_before: list[list[float]] = field(default_factory=list)
+    peak_device_iops_after: float | None = None  # what the disk gave: the highest one-second rates
+    peak_device_mbps_after: float | None = None
+    # CPU used in the measured window before the kill, in cores (cpuacct of each group).
+    cpu_cores_primary: float | None = None
+    cpu_cores_standby: float | None = None
+    cpu_cores_client: float | None = None
+    cpu_cores_agent: float | None = None
+    cpu_split: str = ""  # e.g. "primary 0, standby 1, client: the serving node's, agent 1"
+    # The same in the new primary's first FIRST_WINDOW s (new primary, pgbench, agent).
+    cpu_cores_after: list[float] = field(default_factory=list)
+    # Fresh connections cost the same on any node: the TPS of the first second of the old
+    # primary's measured window (pgbench had just connected), as % of the window's mean; the
+    # new primary's first second starts from fresh connections too.
+    fresh_connections_first_s_pct: float | None = None
+    # What the active client backends waited on (WaitSampler): the old primary's measured
+    # window, the new primary's first FIRST_WINDOW s; {wait event or "CPU": share}.
+    waits_before: dict[str, float] = field(default_factory=dict)
+    waits_after: dict[str, float] = field(default_factory=dict)
+    # Where the reads came from (demo/README.md, "Diagnosis"): the blocks the primary cached
+    # and the standby lacked at the kill, by relation and the primary's usage count
+    # ({relation: [count with usage 0, 1, ..., 5]}), and the blocks the new primary cached by
+    # the end of its run that the standby had not had: by relation, split into those the
+    # old primary had cached (CCM could have sent them) and those it had not.
+    lacked_at_kill: dict[str, list[int]] = field(default_factory=dict)
+    loaded_after_cached_before: dict[str, int] = field(default_factory=dict)
+    loaded_after_not_cached_before: dict[str, int] = field(default_factory=dict)
 
     @property
     def transactions_in_reads_window(self) -> float:
@@ -531,16 +678,20 @@ def compute_figures(result: RunResult, after_tps: list[float], offset: float) ->
     """Figures that derive from the per-second series. `offset` is the time from promotion to
     pgbench's start; its k-th progress interval ends k seconds after that."""
     before = [tps for _, tps in result.tps_before]
-    tail = before[-PRE_WINDOW:]
+    tail = before[-result.pre_window_s:]
     result.pre_failover_tps = statistics.mean(tail) if tail else 0.0
-    threshold = 0.9 * result.pre_failover_tps
-    # The first second at or above 90%, and the first from which every later second stays there.
-    first, stay = first_and_kept(after_tps, lambda tps: tps >= threshold)
-    result.seconds_to_90pct_first = round(offset + first, 2) if first is not None else None
-    result.seconds_to_90pct_stay = round(offset + stay, 2) if stay is not None else None
+    # The first second at or above 90% (95%), and the first from which every later second stays there.
+    for share, first_field, stay_field in ((0.9, "seconds_to_90pct_first", "seconds_to_90pct_stay"),
+                                           (0.95, "seconds_to_95pct_first", "seconds_to_95pct_stay")):
+        threshold = share * result.pre_failover_tps
+        first, stay = first_and_kept(after_tps, lambda tps: tps >= threshold)
+        setattr(result, first_field, round(offset + first, 2) if first is not None else None)
+        setattr(result, stay_field, round(offset + stay, 2) if stay is not None else None)
     first10 = after_tps[:FIRST_WINDOW]
     if first10 and result.pre_failover_tps:
         result.first_10s_pct = 100.0 * statistics.mean(first10) / result.pre_failover_tps
+    if before and result.pre_failover_tps:  # the workload's first second: pgbench had just connected
+        result.fresh_connections_first_s_pct = round(100.0 * before[0] / result.pre_failover_tps, 1)
     if len(after_tps) >= 2 * PRE_WINDOW:
         result.post_failover_steady_tps = statistics.mean(after_tps[-PRE_WINDOW:])
 
@@ -562,7 +713,7 @@ def compute_latency(result: RunResult, warm: Workload, after: Workload, promoted
     seconds = per_second(later, after.seconds)
     result.latency_before = latency_series(per_second(before, warm.seconds), warm.started - promoted)
     result.latency_after = latency_series(seconds, offset)
-    pre = pooled(before, warm.seconds - PRE_WINDOW + 1, warm.seconds)
+    pre = pooled(before, warm.seconds - result.pre_window_s + 1, warm.seconds)
     result.pre_failover_p50_ms, result.pre_failover_p99_ms = pre or (None, None)
     result.first_10s_p50_ms, result.first_10s_p99_ms = pooled(later, 1, FIRST_WINDOW) or (None, None)
     p99s = [pair[1] if pair else None for pair in seconds]
@@ -582,16 +733,64 @@ def agent_warm_seconds(samples: list[tuple[float, Any]], started: float) -> floa
     return round(seen[kept - 1][0] - started, 1) if kept is not None else None
 
 
-def cache_overlap(primary: Node, standby: Node) -> tuple[tuple[float, int], tuple[float, int]]:
+BufferTag = tuple[int, int, int, int, int]  # tablespace, database, relfilenode, fork, block
+
+
+def buffer_snapshot(node: Node) -> dict[BufferTag, int]:
+    """Every buffer the node caches, with its usage count (one pg_buffercache scan)."""
+    rows = node.sql("SELECT reltablespace::int8, reldatabase::int8, relfilenode::int8, relforknumber, relblocknumber, "
+                    "usagecount FROM pg_buffercache WHERE relfilenode IS NOT NULL")
+    return {row[:5]: row[5] for row in rows}
+
+
+def cache_overlap(primary: dict[BufferTag, int], standby: dict[BufferTag, int]) -> tuple[tuple[float, int], tuple[float, int]]:
     """coverage() of the primary's hot buffers (usage count > HOT_THRESHOLD) and of every
-    buffer it caches: (share on the standby, count) each, one pg_buffercache scan per node."""
-    rows = primary.sql("SELECT reltablespace::int8, reldatabase::int8, relfilenode::int8, relforknumber, relblocknumber, "
-                       "usagecount FROM pg_buffercache WHERE relfilenode IS NOT NULL")
-    cached = {row[:5] for row in rows}
-    hot = {row[:5] for row in rows if row[5] > HOT_THRESHOLD}
-    on_standby = standby.cached_blocks()
-    share = lambda blocks: (len(blocks & on_standby) / len(blocks) if blocks else 1.0, len(blocks))  # noqa: E731
+    buffer it caches: (share on the standby, count) each, from both nodes' snapshots."""
+    cached = set(primary)
+    hot = {tag for tag, usage in primary.items() if usage > HOT_THRESHOLD}
+    share = lambda blocks: (len(blocks & standby.keys()) / len(blocks) if blocks else 1.0, len(blocks))  # noqa: E731
     return share(hot), share(cached)
+
+
+FORK_NAMES = {0: "", 1: " (fsm)", 2: " (vm)", 3: " (init)"}
+
+
+def relation_names(node: Node) -> Callable[[BufferTag], str]:
+    """Names the relation of a buffer tag (its fork too, if not the main one), from the
+    node's catalog; a relation of another database, or gone, by its file node."""
+    database = node.one("SELECT oid::int8 FROM pg_database WHERE datname = current_database()")
+    names = {(0 if shared else database, filenode): name for filenode, name, shared in node.sql(
+        "SELECT pg_relation_filenode(oid)::int8, relname, relisshared FROM pg_class "
+        "WHERE pg_relation_filenode(oid) IS NOT NULL")}
+    databases = dict(node.sql("SELECT oid::int8, datname FROM pg_database"))
+    return lambda tag: names.get((tag[1], tag[2]), f"file node {tag[2]} of {databases.get(tag[1], f'database {tag[1]}')}") \
+        + FORK_NAMES.get(tag[3], "")
+
+
+def lacked_by_relation(primary: dict[BufferTag, int], standby: dict[BufferTag, int],
+                       name: Callable[[BufferTag], str]) -> dict[str, list[int]]:
+    """The blocks the primary caches and the standby lacks, per relation, counted by the
+    primary's usage count (0 to 5)."""
+    lacked: dict[str, list[int]] = {}
+    for tag, usage in primary.items():
+        if tag not in standby:
+            lacked.setdefault(name(tag), [0] * 6)[min(usage, 5)] += 1
+    return dict(sorted(lacked.items(), key=lambda item: -sum(item[1])))
+
+
+def loaded_after(new_primary: dict[BufferTag, int], standby_at_kill: dict[BufferTag, int], old_primary: dict[BufferTag, int],
+                 name: Callable[[BufferTag], str]) -> tuple[dict[str, int], dict[str, int]]:
+    """The blocks the new primary caches at the end of its run that it (the standby) did not
+    cache at the kill, per relation: those the old primary cached at the kill (a cache
+    transfer could have sent them), and those it did not (the workload's own new reads, and
+    the pages new rows went into)."""
+    cached_before: dict[str, int] = {}
+    not_cached_before: dict[str, int] = {}
+    for tag in new_primary.keys() - standby_at_kill.keys():
+        into = cached_before if tag in old_primary else not_cached_before
+        into[name(tag)] = into.get(name(tag), 0) + 1
+    order = lambda counts: dict(sorted(counts.items(), key=lambda item: -item[1]))  # noqa: E731
+    return order(cached_before), order(not_cached_before)
 
 
 def build_template(scenario: Scenario, args: argparse.Namespace, workdir: Path) -> Path:
@@ -620,40 +819,208 @@ def build_template(scenario: Scenario, args: argparse.Namespace, workdir: Path) 
     return node.datadir
 
 
-def run_once(scenario: Scenario, template: Path, mode: Mode, args: argparse.Namespace, workdir: Path) -> RunResult:
-    tag = f"[{scenario.name} / {mode.name}]"
-    result = RunResult(scenario=scenario.name, mode=mode.name, postgresql=pg_version_text(), fill_room=mode.fill_room)
-    cluster = Cluster(settings=scenario.settings(args), base=workdir / f"{scenario.name}-{mode.slug}", keep=args.keep)
+class RunBudgets:
+    """Separate budgets for one run (demo/README.md, "Separate budgets"): the primary, the
+    standby, the pgbench client of each and the agent, each in cgroups of its own, created
+    with unique names and removed with the run. Each node gets a CPU set and a blkio group on
+    the data directory's disk (throttled on cloud-like storage, counting only on the local
+    disk); the client driving a node runs on that node's CPUs, so that the serving node and
+    its client have the same share before and after the failover; the agent runs on the
+    standby's CPUs, as a sidecar on the standby's host would."""
+
+    def __init__(self, args: argparse.Namespace, storage: Storage, arm: Arm, base: Path):
+        device = data_device(base)
+        if device is None:
+            raise RuntimeError(f"{base} is not on a block device: separate budgets need one to throttle and count reads")
+        primary_cpus, standby_cpus = args.node_cpus
+        node = lambda cpus: Budget(cpus=cpus, read_iops=storage.read_iops, read_mbps=storage.read_mbps,  # noqa: E731
+                                   memory=arm.node_memory)
+        self.groups: list[NodeCgroups] = []
+        self.primary = self._add("pg_ccm-primary", node(primary_cpus), device)
+        self.standby = self._add("pg_ccm-standby", node(standby_cpus), device)
+        client = lambda cpus: Budget(cpus=args.client_cpus or cpus)  # noqa: E731
+        self.client_of = {"primary": self._add("pg_ccm-client-p", client(primary_cpus), None),
+                          "standby": self._add("pg_ccm-client-s", client(standby_cpus), None)}
+        self.agent = self._add("pg_ccm-agent", Budget(cpus=args.agent_cpus or standby_cpus), None)
+        self.split = (f"primary on CPU {primary_cpus}, standby on CPU {standby_cpus}, pgbench on "
+                      f"{'CPU ' + args.client_cpus if args.client_cpus else 'the CPU of the node it drives'}, "
+                      f"ccm-agent on CPU {args.agent_cpus or standby_cpus}")
+
+    def _add(self, label: str, budget: Budget, device: str | None) -> NodeCgroups:
+        try:
+            group = NodeCgroups(label, budget, device)
+        except BaseException:
+            self.remove()
+            raise
+        self.groups.append(group)
+        return group
+
+    def cpu_seconds(self) -> dict[str, float]:
+        return {"primary": self.primary.cpu_seconds(), "standby": self.standby.cpu_seconds(),
+                "client": sum(g.cpu_seconds() for g in self.client_of.values()), "agent": self.agent.cpu_seconds()}
+
+    def remove(self) -> None:
+        for group in getattr(self, "groups", []):
+            group.remove()
+
+
+def prewarm_primary(primary: Node) -> float:
+    """pg_prewarm of the pgbench relations, smallest first, as long as they fit in 90% of
+    shared_buffers: the old primary starts near its steady state instead of warming from
+    storage for minutes (a primary that has run for days caches its working set). Returns
+    the seconds it took."""
+    started = time.monotonic()
+    primary.sql("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+    room = primary.one("SELECT setting::int8 * 9 / 10 FROM pg_settings WHERE name = 'shared_buffers'")
+    relations = primary.sql("SELECT c.oid::regclass::text, pg_relation_size(c.oid) / 8192 FROM pg_class c "
+                            "WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'i') "
+                            "ORDER BY pg_relation_size(c.oid)")
+    for relation, blocks in relations:
+        if blocks > room:
+            break
+        primary.sql("SELECT pg_prewarm(%s::regclass)", [relation])
+        room -= blocks
+    return time.monotonic() - started
+
+
+def settle(primary_reads: ReadSampler, warm: Workload, progress: Sampler | None, args: argparse.Namespace,
+           result: RunResult, tag: str, least: float) -> None:
+    """Waits until the old primary is at its steady state: over the last --settle-window
+    seconds its storage reads (pg_stat_io's; blks_read on 15) were at most --settle-reads
+    per 1000 transactions, and so were the blocks the agent loaded into the standby (CCM
+    arms), and the workload has run `least` seconds. Records when; gives up at
+    --settle-timeout (the run goes on, and says so)."""
+    window, limit = args.settle_window, args.settle_reads
+    column = ReadSampler.IO_READS if primary_reads.io else ReadSampler.BLKS_READ
+
+    def per_1000(value: float | None) -> float | None:
+        transactions = sum(warm.tps[-window:])
+        return None if value is None or len(warm.tps) < window or not transactions else 1000 * value / transactions
+
+    def agent_loads() -> float | None:
+        seen = [(at, sample[2]) for at, sample in progress.samples if sample is not None] if progress else []
+        if not seen or seen[-1][0] - seen[0][0] < window:
+            return None
+        start = next(loaded for at, loaded in reversed(seen) if at <= seen[-1][0] - window)
+        return seen[-1][1] - start
+
+    def settled() -> bool:
+        result.settle_reads_per_1000 = per_1000(primary_reads.over(window, column))
+        result.settle_agent_loads_per_1000 = per_1000(agent_loads()) if progress else None
+        if len(warm.tps) < least or result.settle_reads_per_1000 is None:
+            return False
+        if progress is not None and (result.settle_agent_loads_per_1000 is None or result.settle_agent_loads_per_1000 > limit):
+            return False
+        return result.settle_reads_per_1000 <= limit
+
+    def abort() -> str | None:
+        return f"pgbench on the primary exited: {warm.other_lines[-3:]}" if warm.process.poll() is not None else None
+
+    try:
+        wait_for("the old primary's steady state", settled, timeout=args.settle_timeout, interval=1.0, abort=abort)
+        result.settled_after_s = round(time.monotonic() - warm.started, 1)
+        say(f"{tag} steady state after {result.settled_after_s:.0f} s of workload: "
+            f"{fmt_rate(result.settle_reads_per_1000)} reads per 1000 transactions over the last {window} s"
+            + (f", agent {fmt_rate(result.settle_agent_loads_per_1000)} loads per 1000" if progress else ""))
+    except TimeoutError:
+        say(f"{tag} NOT settled within {args.settle_timeout} s ({fmt_rate(result.settle_reads_per_1000)} reads per "
+            f"1000 transactions; agent {fmt_rate(result.settle_agent_loads_per_1000)}): measuring anyway")
+
+
+def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namespace, workdir: Path,
+             storage: Storage | None = None, clients: int | None = None, warm_at_least: float = 0) -> RunResult:
+    """One failover. With separate budgets (`storage` given: args.separate_budgets), every
+    node and program runs in cgroups of its own, the primary is brought to its steady state
+    before a measured window of --pre-seconds, and the reads are also counted at the disk.
+    `warm_at_least`: seconds the workload runs before that window at least (the callers pass
+    the longest of the arms compared before, so that no standby without CCM replays for less
+    time than a CCM arm's did: a shorter warm-up would leave it colder)."""
+    clients = clients or args.clients
+    label = f"{scenario.name} / {arm.name}" + (f" / {storage.name} / {clients} clients" if storage else "")
+    tag = f"[{label}]"
+    result = RunResult(scenario=scenario.name, mode=arm.name, postgresql=pg_version_text(), fill_room=arm.fill_room,
+                       storage=storage.name if storage else "shared", clients=clients,
+                       pre_window_s=args.pre_seconds if storage else PRE_WINDOW)
+    slug = arm.slug + (f"-{storage.name}-{clients}" if storage else "")
+    cluster = Cluster(settings=scenario.settings(args), base=workdir / f"{scenario.name}-{slug}", keep=args.keep)
+    budgets: RunBudgets | None = None
     agent: AgentProcess | None = None
     workloads: list[Workload] = []
     samplers: list[Sampler] = []
     try:
+        if storage is not None:
+            budgets = RunBudgets(args, storage, arm, cluster.base)
+            cluster.primary.wrapper, cluster.standby.wrapper = budgets.primary.wrapper, budgets.standby.wrapper
+            result.cpu_split = budgets.split
+            say(f"{tag} separate budgets: {budgets.split}; {storage.description}")
+        client_on = lambda node: budgets.client_of[node].wrapper if budgets else None  # noqa: E731
         say(f"{tag} primary from the data set, streaming standby cloned from it (pg_basebackup)")
         cluster.create(template=template)
         primary, standby = cluster.primary, cluster.standby
         io = has_pg_stat_io(primary)
         say(f"{tag} standby made cold: restartpoint, restart, its files dropped from the OS page cache")
         cluster.make_standby_cold()
-        if mode.agent_args is not None:
+        if storage is not None:
+            # The primary's files were just copied, so the OS caches them: drop them, so that
+            # its reads until it settles are real reads of its own (throttled) disk.
+            primary.drop_os_cache()
+            if args.prewarm_primary:
+                result.prewarm_primary_s = round(prewarm_primary(primary), 1)
+                say(f"{tag} primary prewarmed (pg_prewarm of the pgbench relations that fit) in {result.prewarm_primary_s:.0f} s")
+        if arm.agent_args is not None:
+            launcher = [*DIE_WITH_US, *(budgets.agent.wrapper if budgets else [])]
             agent = AgentProcess(cluster.both_nodes_conninfo("read-write"), cluster.both_nodes_conninfo("standby"), cluster.base,
-                                 interval=args.agent_interval, extra=list(mode.agent_args), launcher=DIE_WITH_US)
+                                 interval=args.agent_interval, extra=list(arm.agent_args), launcher=launcher)
             agent_started = time.monotonic()
             agent.start()
             samplers.append(progress := Sampler("ccm-agent metrics", lambda _: agent_progress(agent), interval=0.5))
-            say(f"{tag} ccm-agent running (every {args.agent_interval}{''.join(' ' + a for a in mode.agent_args)}; "
+            say(f"{tag} ccm-agent running (every {args.agent_interval}{''.join(' ' + a for a in arm.agent_args)}; "
                 f"metrics on 127.0.0.1:{agent.metrics_port})")
 
-        say(f"{tag} Aurora's CCM-test workload on the primary for {args.warm_seconds} s, {args.clients} clients")
-        samplers.append(sampler := ReadSampler(primary, io))
-        workloads.append(warm := Workload(primary, scenario, args.clients, args.warm_seconds, "primary    ",
-                                          log_dir=cluster.base / "pgbench-primary"))
+        samplers.append(sampler := ReadSampler(primary, io, budgets.primary if budgets else None))
+        if storage is not None:
+            say(f"{tag} Aurora's CCM-test workload on the primary, {clients} clients, until its storage reads settle "
+                f"(at most {args.settle_timeout} s)")
+            workloads.append(settling := Workload(primary, scenario, clients, args.settle_timeout + args.warm_seconds,
+                                                  "primary (settling)", launcher=client_on("primary")))
+            settle(sampler, settling, progress if agent is not None else None, args, result, tag,
+                   least=max(args.warm_seconds, warm_at_least))
+            result.warm_before_window_s = round(time.monotonic() - settling.started, 1)
+            settling.stop()
+            say(f"{tag} measured window: the same workload for {args.pre_seconds} s")
+            before_reads, before_device = storage_reads(primary, io), budgets.primary.reads()
+            before_cpu = budgets.cpu_seconds()
+            window_started = time.monotonic()
+            samplers.append(waits_before := WaitSampler(primary))
+            workloads.append(warm := Workload(primary, scenario, clients, args.pre_seconds, "primary    ",
+                                              log_dir=cluster.base / "pgbench-primary", launcher=client_on("primary")))
+        else:
+            say(f"{tag} Aurora's CCM-test workload on the primary for {args.warm_seconds} s, {clients} clients")
+            workloads.append(warm := Workload(primary, scenario, clients, args.warm_seconds, "primary    ",
+                                              log_dir=cluster.base / "pgbench-primary"))
         warm.wait()
+        if budgets is not None:
+            waits_before.stop()
+            result.waits_before = waits_before.shares(window_started, time.monotonic())
+            elapsed = time.monotonic() - window_started
+            result.cpu_cores_primary, result.cpu_cores_standby, result.cpu_cores_client, result.cpu_cores_agent = (
+                round((after - before_cpu[key]) / elapsed, 2) for key, after in budgets.cpu_seconds().items())
+            device = budgets.primary.reads()
+            result.old_primary_device_reads = device[0] - before_device[0]
+            result.old_primary_device_mb = round((device[1] - before_device[1]) / 2**20, 1)
         sampler.stop()
         if agent is not None:
             progress.stop()  # "kept while the workload ran": later scans see a hot set that no longer grows
 
+        snapshot_primary, snapshot_standby = buffer_snapshot(primary), buffer_snapshot(standby)
+        name = relation_names(primary)
         (result.coverage_at_failover, result.hot_buffers_at_failover), \
-            (result.cached_coverage_at_failover, result.cached_buffers_at_failover) = cache_overlap(primary, standby)
+            (result.cached_coverage_at_failover, result.cached_buffers_at_failover) = cache_overlap(snapshot_primary, snapshot_standby)
+        result.lacked_at_kill = lacked_by_relation(snapshot_primary, snapshot_standby, name)
+        if budgets is not None:
+            # Read after the clients disconnected and the snapshots: every backend has flushed.
+            blocks, io_reads = storage_reads(primary, io)
+            result.old_primary_reads = (io_reads - before_reads[1]) if io_reads is not None else blocks - before_reads[0]
         if agent is not None:
             # A series cut short by a failed probe cannot tell "kept".
             result.agent_warm_s = agent_warm_seconds(progress.samples, agent_started) if progress.error is None else None
@@ -665,19 +1032,31 @@ def run_once(scenario: Scenario, template: Path, mode: Mode, args: argparse.Name
             f"{result.hot_buffers_at_failover} hot buffers (usage count > {HOT_THRESHOLD}) cached on the standby, "
             f"{result.cached_coverage_at_failover:.1%} of all its {result.cached_buffers_at_failover} buffers")
 
-        say(f"{tag} separate hosts: dropping the standby's files from the OS page cache (sync + vmtouch -e)")
-        standby.drop_os_cache()
+        if arm.drop_standby_page_cache:
+            say(f"{tag} separate hosts: dropping the standby's files from the OS page cache (sync + vmtouch -e)")
+            standby.drop_os_cache()
         # Read before the kill, so that the workload starts right after the promotion: the kill
         # and the promotion add nothing (recovery's reads are counted in neither figure).
         blocks_at_promotion, io_reads_at_promotion = storage_reads(standby, io)
+        device_at_promotion = budgets.standby.reads() if budgets else None
         say(f"{tag} FAILOVER: SIGKILL of the primary's postmaster, pg_ctl promote of the standby")
         killed = time.monotonic()
         primary.kill()
+        # The harness waits until the old primary's processes are gone (a backend busy in a
+        # query notices the postmaster's death only when it next waits); a real standby does not.
+        result.kill_wait_s = round(time.monotonic() - killed, 3)
         standby.promote()
         promoted = time.monotonic()
-        workloads.append(after := Workload(standby, scenario, args.clients, args.after_seconds, "new primary",
-                                           log_dir=cluster.base / "pgbench-new-primary"))
-        samplers.append(sampler_after := ReadSampler(standby, io))
+        workloads.append(after := Workload(standby, scenario, clients, args.after_seconds, "new primary",
+                                           log_dir=cluster.base / "pgbench-new-primary", launcher=client_on("standby")))
+        samplers.append(sampler_after := ReadSampler(standby, io, budgets.standby if budgets else None))
+        if budgets is not None:
+            samplers.append(waits_after := WaitSampler(standby))
+            cpu_at_promotion = budgets.cpu_seconds()
+            cpu_after: dict[str, float] = {}
+            cpu_timer = threading.Timer(promoted + FIRST_WINDOW - time.monotonic(), lambda: cpu_after.update(budgets.cpu_seconds()))
+            cpu_timer.daemon = True
+            cpu_timer.start()
         # A physical slot for the old primary, as Patroni keeps one per member, so that the WAL it
         # needs to rejoin is not recycled meanwhile (the new primary writes a lot of it). Taken
         # in every run, so that every run does the same.
@@ -695,6 +1074,35 @@ def run_once(scenario: Scenario, template: Path, mode: Mode, args: argparse.Name
         if io_reads_at_end is not None and io_reads_at_promotion is not None:
             result.io_blocks_read_after = io_reads_at_end - io_reads_at_promotion
         result.blocks_read_window_s = args.after_seconds
+        if storage is not None:
+            cpu_timer.join()
+            waits_after.stop()
+            result.waits_after = waits_after.shares(promoted, promoted + FIRST_WINDOW)
+            if cpu_after:
+                result.cpu_cores_after = [round((cpu_after[key] - cpu_at_promotion[key]) / FIRST_WINDOW, 2)
+                                          for key in ("standby", "client", "agent")]
+            mark = promoted + READS_WINDOW
+            column = ReadSampler.IO_READS if io else ReadSampler.BLKS_READ
+            reads_60 = sampler_after.at(mark, column)
+            requests, read_bytes = (sampler_after.at(mark, c) for c in (ReadSampler.DEVICE_READS, ReadSampler.DEVICE_BYTES))
+            if reads_60 is None and args.after_seconds <= READS_WINDOW:
+                # The workload ended before the samples reached the mark: the whole run is
+                # inside the window, and the figures read after it are exact.
+                reads_60 = io_reads_at_end if io else blocks_at_end
+                requests, read_bytes = budgets.standby.reads()
+            base = io_reads_at_promotion if io else blocks_at_promotion
+            result.new_primary_reads_60s = round(reads_60 - base) if reads_60 is not None else None
+            if requests is not None:
+                result.new_primary_device_reads_60s = round(requests - device_at_promotion[0])
+                result.new_primary_device_mb_60s = round((read_bytes - device_at_promotion[1]) / 2**20, 1)
+            for target, reads in ((result.device_reads_before, sampler), (result.device_reads_after, sampler_after)):
+                target += [[t, r, round(b / 2**20, 2)] for (t, r), (_, b) in
+                           zip(reads.rates(promoted, ReadSampler.DEVICE_READS), reads.rates(promoted, ReadSampler.DEVICE_BYTES))]
+            result.peak_device_iops_after = max((r for _, r, _ in result.device_reads_after), default=None)
+            result.peak_device_mbps_after = max((m for _, _, m in result.device_reads_after), default=None)
+        result.loaded_after_cached_before, result.loaded_after_not_cached_before = loaded_after(
+            buffer_snapshot(standby), snapshot_standby, snapshot_primary, name)
+        del snapshot_primary, snapshot_standby
 
         result.tps_before = [[round(warm.started + k - promoted, 2), tps] for k, tps in enumerate(warm.tps, 1)]
         result.tps_after = [[round(after.started + k - promoted, 2), tps] for k, tps in enumerate(after.tps, 1)]
@@ -705,10 +1113,11 @@ def run_once(scenario: Scenario, template: Path, mode: Mode, args: argparse.Name
         load_ended = result.tps_before[-1][0] if result.tps_before else result.kill_at
         result.fpi_before = [list(p) for p in sampler.fpi_rates(promoted)]
         result.fpi_after = [list(p) for p in sampler_after.fpi_rates(promoted)]
-        result.pre_failover_reads_per_s = mean_rate(result.reads_before, load_ended - PRE_WINDOW, load_ended + 1)
+        window = result.pre_window_s
+        result.pre_failover_reads_per_s = mean_rate(result.reads_before, load_ended - window, load_ended + 1)
         if io:
-            result.pre_failover_io_reads_per_s = mean_rate(result.io_reads_before, load_ended - PRE_WINDOW, load_ended + 1)
-        result.pre_failover_fpi_per_s = mean_rate(result.fpi_before, load_ended - PRE_WINDOW, load_ended + 1)
+            result.pre_failover_io_reads_per_s = mean_rate(result.io_reads_before, load_ended - window, load_ended + 1)
+        result.pre_failover_fpi_per_s = mean_rate(result.fpi_before, load_ended - window, load_ended + 1)
         result.first_10s_fpi_per_s = mean_rate(result.fpi_after, float("-inf"), FIRST_WINDOW + 0.5)
         if agent is not None:
             result.agent_coverage = [[round(at - promoted, 2), round(sample[0], 4), sample[1]]
@@ -724,7 +1133,7 @@ def run_once(scenario: Scenario, template: Path, mode: Mode, args: argparse.Name
 
         if agent is not None and args.rejoin:
             try:
-                rejoin(cluster, scenario, args, result, tag, slot)
+                rejoin(cluster, scenario, args, result, tag, slot, client_on("standby"), clients)
             except Exception as error:  # the failover figures stand on their own
                 result.rejoin_error = str(error).splitlines()[0] if str(error) else type(error).__name__
                 say(f"{tag} rejoining the old primary failed: {error}")
@@ -738,9 +1147,12 @@ def run_once(scenario: Scenario, template: Path, mode: Mode, args: argparse.Name
             if agent is not None:
                 agent.stop()
             cluster.destroy()
+            if budgets is not None:
+                budgets.remove()
 
 
-def rejoin(cluster: Cluster, scenario: Scenario, args: argparse.Namespace, result: RunResult, tag: str, slot: str) -> None:
+def rejoin(cluster: Cluster, scenario: Scenario, args: argparse.Namespace, result: RunResult, tag: str, slot: str,
+           launcher: list[str] | None, clients: int) -> None:
     """The killed primary comes back as a standby of the new one (pg_rewind); the agent,
     neither restarted nor reconfigured, finds it and warms it."""
     old_primary, new_primary = cluster.primary, cluster.standby
@@ -748,7 +1160,7 @@ def rejoin(cluster: Cluster, scenario: Scenario, args: argparse.Namespace, resul
     cluster.rejoin_as_standby(old_primary, new_primary, slot=slot)
     cluster.primary, cluster.standby = new_primary, old_primary
     cluster.wait_caught_up()
-    load = Workload(new_primary, scenario, args.clients, REJOIN_TIMEOUT + 5, "new primary")
+    load = Workload(new_primary, scenario, clients, REJOIN_TIMEOUT + 5, "new primary", launcher=launcher)
     try:
         started = time.monotonic()
         watch = Sampler("coverage of the rejoined node", lambda _: coverage(new_primary, old_primary, HOT_THRESHOLD),
@@ -847,15 +1259,71 @@ def read_ratios(with_ccm: RunResult, without: RunResult, checks: dict[str, objec
             print(f"storage reads by the new primary{source} without CCM: 0 (no ratio)")
 
 
+def fmt_lacked(lacked: dict[str, list[int]], top: int = 3) -> str:
+    """"12,345: pgbench_accounts 12,000 (hot 300), ..." for the relations with the most."""
+    total = sum(sum(counts) for counts in lacked.values())
+    if not total:
+        return "0"
+    parts = [f"{name} {sum(counts):,} (hot {sum(counts[HOT_THRESHOLD + 1:]):,})" for name, counts in list(lacked.items())[:top]]
+    return f"{total:,}: " + ", ".join(parts)
+
+
+def fmt_relations(counts: dict[str, int], top: int = 3) -> str:
+    total = sum(counts.values())
+    return f"{total:,}" + (": " + ", ".join(f"{name} {n:,}" for name, n in list(counts.items())[:top]) if total else "")
+
+
+def fair_rows(runs: list[RunResult]) -> tuple[list[tuple[str, list[str]]], list[tuple[str, list[str]]]]:
+    """The rows only runs with separate budgets have: how the old primary got to its steady
+    state and what its disk served, and what the new primary's disk served."""
+    window = runs[0].pre_window_s
+    before = [
+        ("  primary settled after (workload seconds; reads per 1000 transactions then)",
+         [f"{r.settled_after_s:.0f} s ({fmt_rate(r.settle_reads_per_1000)})" if r.settled_after_s is not None
+          else f"NOT settled ({fmt_rate(r.settle_reads_per_1000)})" for r in runs]),
+        ("  workload on the primary before the measured window (at least the arms' before it), s",
+         [fmt_count(r.warm_before_window_s) for r in runs]),
+        ("  primary prewarmed first (pg_prewarm), s", [fmt_count(r.prewarm_primary_s) for r in runs]),
+        (f"  old primary's storage reads in its last {window} s (pg_stat_io; blks_read on 15)", [fmt_count(r.old_primary_reads) for r in runs]),
+        (f"  old primary's disk reads in its last {window} s (blkio: requests / MB)",
+         [f"{fmt_count(r.old_primary_device_reads)} / {fmt_count(r.old_primary_device_mb)}" for r in runs]),
+        ("  CPU cores used in those seconds: primary / standby / pgbench / agent",
+         [f"{fmt_rate(r.cpu_cores_primary)} / {fmt_rate(r.cpu_cores_standby)} / {fmt_rate(r.cpu_cores_client)} / "
+          f"{fmt_rate(r.cpu_cores_agent)}" for r in runs]),
+        ("  TPS in the first second of those (pgbench just connected), % of their mean",
+         [fmt_pct(r.fresh_connections_first_s_pct) for r in runs]),
+        ("blocks the primary cached and the standby lacked at the kill (top relations; hot: usage > 3)",
+         [fmt_lacked(r.lacked_at_kill) for r in runs]),
+    ]
+    after = [
+        (f"storage reads of the new primary, first {READS_WINDOW} s (pg_stat_io, sampled; blks_read on 15)",
+         [fmt_count(r.new_primary_reads_60s) for r in runs]),
+        (f"  disk reads of the new primary, first {READS_WINDOW} s (blkio: requests / MB)",
+         [f"{fmt_count(r.new_primary_device_reads_60s)} / {fmt_count(r.new_primary_device_mb_60s)}" for r in runs]),
+        ("  what the disk gave: highest one-second requests / MB per second after promotion",
+         [f"{fmt_count(r.peak_device_iops_after)} / {fmt_count(r.peak_device_mbps_after)}" for r in runs]),
+        (f"CPU cores used in the first {FIRST_WINDOW} s after promotion: new primary / pgbench / agent",
+         [" / ".join(fmt_rate(c) for c in r.cpu_cores_after) or "-" for r in runs]),
+        ("what active backends waited on: old primary, measured window (CPU: running or runnable)",
+         [fmt_waits(r.waits_before) for r in runs]),
+        (f"  ... new primary, first {FIRST_WINDOW} s", [fmt_waits(r.waits_after) for r in runs]),
+    ]
+    return before, after
+
+
 def table_rows(runs: list[RunResult], args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     reads_before, reads_after = reads_rows(runs)
+    fair = all(r.storage != "shared" for r in runs)
+    fair_before, fair_after = fair_rows(runs) if fair else ([], [])
     agent = any(r.fill_room is not None for r in runs)
+    window = runs[0].pre_window_s
     rows = [
-        (f"pre-failover TPS (mean of the last {PRE_WINDOW} s before the kill)",
+        (f"pre-failover TPS (mean of the last {window} s before the kill)",
          [f"{r.pre_failover_tps:.0f}" for r in runs]),
         ("  latency p50 / p99 in those seconds, ms",
          [fmt_latency((r.pre_failover_p50_ms, r.pre_failover_p99_ms)) for r in runs]),
         *reads_before,
+        *fair_before,
         (f"coverage at failover (primary's hot buffers, usage > {HOT_THRESHOLD}, on the standby)",
          [f"{r.coverage_at_failover:.1%}" for r in runs]),
         ("  hot buffers on the primary at failover", [f"{r.hot_buffers_at_failover}" for r in runs]),
@@ -871,10 +1339,19 @@ def table_rows(runs: list[RunResult], args: argparse.Namespace) -> list[tuple[st
         ]
     rows += [
         ("kill to promoted (new primary accepts writes)", [f"{r.kill_to_promoted_s:.2f} s" for r in runs]),
+        ("  of which the harness waited for the old primary's processes to exit", [f"{r.kill_wait_s:.2f} s" for r in runs]),
         ("time from promotion to 90% of pre-failover TPS: first reached",
          [fmt_seconds(r.seconds_to_90pct_first, args.after_seconds) for r in runs]),
         ("time from promotion to 90% of pre-failover TPS: reached and kept",
          [fmt_seconds(r.seconds_to_90pct_stay, args.after_seconds) for r in runs]),
+    ]
+    if fair:
+        rows += [
+            ("time from promotion to 95% of pre-failover TPS: first reached / reached and kept",
+             [f"{fmt_seconds(r.seconds_to_95pct_first, args.after_seconds)} / {fmt_seconds(r.seconds_to_95pct_stay, args.after_seconds)}"
+              for r in runs]),
+        ]
+    rows += [
         (f"TPS in the first {FIRST_WINDOW} s after promotion, % of pre-failover", [fmt_pct(r.first_10s_pct) for r in runs]),
         (f"latency p50 / p99 in the first {FIRST_WINDOW} s after promotion, ms",
          [fmt_latency((r.first_10s_p50_ms, r.first_10s_p99_ms)) for r in runs]),
@@ -883,8 +1360,13 @@ def table_rows(runs: list[RunResult], args: argparse.Namespace) -> list[tuple[st
          [fmt_seconds(r.seconds_to_p99_2x_first, args.after_seconds) for r in runs]),
         (f"time from promotion to p99 <= {LATENCY_FACTOR:.0f}x pre-failover p99: reached and kept",
          [fmt_seconds(r.seconds_to_p99_2x_stay, args.after_seconds) for r in runs]),
+        *fair_after,
         *reads_after,
-        (f"full-page images written per second: old primary, last {PRE_WINDOW} s", [fmt_count(r.pre_failover_fpi_per_s) for r in runs]),
+        ("blocks the new primary cached by the end that the standby lacked: the old primary had cached them",
+         [fmt_relations(r.loaded_after_cached_before) for r in runs]),
+        ("  ... the old primary had not cached them (the workload's own new reads, and new pages)",
+         [fmt_relations(r.loaded_after_not_cached_before) for r in runs]),
+        (f"full-page images written per second: old primary, last {window} s", [fmt_count(r.pre_failover_fpi_per_s) for r in runs]),
         (f"full-page images written per second: new primary, first {FIRST_WINDOW} s", [fmt_count(r.first_10s_fpi_per_s) for r in runs]),
         (f"new primary's TPS, last {PRE_WINDOW} s of the run", [fmt_count(r.post_failover_steady_tps) for r in runs]),
     ]
@@ -895,20 +1377,79 @@ def table_rows(runs: list[RunResult], args: argparse.Namespace) -> list[tuple[st
     return rows
 
 
+# The targets of a comparison with separate budgets (issue 28), checked for every CCM run.
+TARGET_FAIR_TPS, TARGET_FAIR_READS = 0.95, 0.01
+
+
+def fair_targets(run: RunResult, checks: dict[str, object], args: argparse.Namespace) -> list[tuple[str, str, bool, str]]:
+    """TPS >= 95% of the pre-failover figure from the first full second after promotion and
+    kept; p99 within 2x the pre-failover p99 throughout; the new primary's storage reads in
+    its first 60 s <= 1% of the run without CCM. Each names the cause when it is missed."""
+    first_second = round(run.promotion_to_workload_s + 1, 2)
+    kept = run.seconds_to_95pct_stay
+    p99_kept = run.seconds_to_p99_2x_stay
+    targets = [
+        ("tps_95pct_from_first_second", f"TPS >= {TARGET_FAIR_TPS:.0%} of pre-failover from the first full second after "
+         "promotion, and kept", kept is not None and kept <= first_second,
+         f"kept from {fmt_seconds(kept, args.after_seconds)}" if kept is not None else f"not kept within {args.after_seconds} s"),
+        ("p99_2x_throughout", f"p99 <= {LATENCY_FACTOR:.0f}x the pre-failover p99 in every second after promotion",
+         p99_kept is not None and p99_kept <= first_second,
+         (f"within from {fmt_seconds(p99_kept, args.after_seconds)}" if p99_kept is not None
+          else f"not within for good in {args.after_seconds} s") + f"; worst {fmt_ms(run.worst_p99_after_ms)} ms "
+         f"against {fmt_ms(run.pre_failover_p99_ms)} ms before"),
+    ]
+    if "storage_read_ratio_60s" in checks:
+        ratio = float(checks["storage_read_ratio_60s"])  # type: ignore[arg-type]
+        targets.append(("reads_1pct_60s", f"storage reads in the first {READS_WINDOW} s <= {TARGET_FAIR_READS:.0%} of the "
+                        "run without CCM", ratio <= TARGET_FAIR_READS, f"{ratio:.2%}"))
+    return targets
+
+
+def cause(run: RunResult) -> str:
+    """What the measurements say about a missed target: coverage, what the standby lacked,
+    what the new primary read that the old one had and had not cached."""
+    could = sum(run.loaded_after_cached_before.values())
+    never = sum(run.loaded_after_not_cached_before.values())
+    return (f"coverage at the kill {run.coverage_at_failover:.1%} of the hot set, {run.cached_coverage_at_failover:.1%} of "
+            f"all {run.cached_buffers_at_failover:,} cached buffers; the standby lacked {fmt_lacked(run.lacked_at_kill)}; "
+            f"after promotion the new primary cached {could:,} blocks the old primary had cached (a transfer could "
+            f"have sent them) and {never:,} it had not; full-page images per second {fmt_count(run.first_10s_fpi_per_s)} "
+            f"in the first {FIRST_WINDOW} s against {fmt_count(run.pre_failover_fpi_per_s)} before (promotion's checkpoint: "
+            f"the first change of a page after it, and with checksums or wal_log_hints the first hint bit set on it, "
+            f"writes the whole page to WAL); the old primary's own first second from fresh connections ran at "
+            f"{fmt_pct(run.fresh_connections_first_s_pct)} of its mean (the new primary's clients connect afresh too); "
+            f"CPU cores in the new primary's first {FIRST_WINDOW} s (node / pgbench / agent): "
+            f"{' / '.join(fmt_rate(c) for c in run.cpu_cores_after) or '-'}; its active backends waited on "
+            f"{fmt_waits(run.waits_after)} (the old primary's: {fmt_waits(run.waits_before)})")
+
+
 def check_targets(run: RunResult, without: RunResult | None, args: argparse.Namespace, prefix: str) -> dict[str, object]:
     """Prints the read ratio against the run without CCM and the project's targets for one
     CCM run; returns them."""
     checks: dict[str, object] = {}
     if without is not None:
         read_ratios(run, without, checks)
-    first = run.seconds_to_90pct_first
-    targets = [
-        ("tps_90pct_within_2s", f"with CCM, >= 90% of pre-failover TPS within {TARGET_SECONDS:.0f} s of promotion",
-         first is not None and round(first, 1) <= TARGET_SECONDS, fmt_seconds(first, args.after_seconds)),
-        ("coverage_99pct", f"coverage at failover >= {TARGET_COVERAGE:.0%}",
-         run.coverage_at_failover >= TARGET_COVERAGE, f"{run.coverage_at_failover:.1%}"),
-    ]
-    if "storage_read_ratio" in checks:
+        if run.new_primary_reads_60s is not None and without.new_primary_reads_60s:
+            checks["storage_read_ratio_60s"] = run.new_primary_reads_60s / without.new_primary_reads_60s
+            print(f"storage reads by the new primary in its first {READS_WINDOW} s, {run.mode} / {without.mode}: "
+                  f"{run.new_primary_reads_60s} / {without.new_primary_reads_60s} = {checks['storage_read_ratio_60s']:.2%}")
+        if run.new_primary_device_reads_60s is not None and without.new_primary_device_reads_60s:
+            checks["device_read_ratio_60s"] = run.new_primary_device_reads_60s / without.new_primary_device_reads_60s
+            print(f"disk read requests (blkio) of the new primary in its first {READS_WINDOW} s, {run.mode} / {without.mode}: "
+                  f"{run.new_primary_device_reads_60s} / {without.new_primary_device_reads_60s} = {checks['device_read_ratio_60s']:.2%}")
+    if run.storage != "shared":
+        targets = fair_targets(run, checks, args)
+        if run.blocks_read_window_s < READS_WINDOW:
+            print(f"(the read figures cover the whole {run.blocks_read_window_s} s run, not {READS_WINDOW} s: --after-seconds)")
+    else:
+        first = run.seconds_to_90pct_first
+        targets = [
+            ("tps_90pct_within_2s", f"with CCM, >= 90% of pre-failover TPS within {TARGET_SECONDS:.0f} s of promotion",
+             first is not None and round(first, 1) <= TARGET_SECONDS, fmt_seconds(first, args.after_seconds)),
+        ]
+    targets.append(("coverage_99pct", f"coverage at failover >= {TARGET_COVERAGE:.0%}",
+                    run.coverage_at_failover >= TARGET_COVERAGE, f"{run.coverage_at_failover:.1%}"))
+    if run.storage == "shared" and "storage_read_ratio" in checks:
         ratio = float(checks["storage_read_ratio"])  # type: ignore[arg-type]
         counted = " (pg_stat_io reads)" if run.io_blocks_read_after is not None else ""
         targets.append(("reads_5pct", f"storage reads{counted} in the first {READS_WINDOW} s <= {TARGET_READS:.0%} "
@@ -918,28 +1459,63 @@ def check_targets(run: RunResult, without: RunResult | None, args: argparse.Name
     for key, label, met, measured in targets:
         checks[key] = {"met": met, "measured": measured}
         print(f"target {'met    ' if met else 'NOT met'}{prefix}: {label} (measured: {measured})")
+    if not all(met for _, _, met, _ in targets):
+        checks["cause"] = cause(run)
+        print(f"  where the time and reads went{prefix}: {checks['cause']}")
     return checks
 
 
+def group_key(run: RunResult) -> str:
+    """The runs compared side by side: one scenario, and with separate budgets one storage
+    setting and one concurrency."""
+    return run.scenario if run.storage == "shared" else f"{run.scenario}, {run.storage} storage, {run.clients} clients"
+
+
+def validity(runs: list[RunResult]) -> dict[str, object] | None:
+    """Separate budgets: the arms' pre-failover TPS must be within 5% of each other (the
+    spread: highest over lowest, minus one), or the comparison is not valid."""
+    if len(runs) < 2 or any(r.storage == "shared" for r in runs):
+        return None
+    figures = [r.pre_failover_tps for r in runs]
+    spread = max(figures) / min(figures) - 1 if min(figures) > 0 else float("inf")
+    return {"valid": spread <= VALID_SPREAD, "spread": round(spread, 4),
+            "pre_failover_tps": {r.mode: round(r.pre_failover_tps) for r in runs}}
+
+
+VALID_SPREAD = 0.05
+
+
 def print_table(results: list[RunResult], args: argparse.Namespace) -> dict[str, dict[str, dict[str, object]]]:
-    """Prints one table per scenario; returns the target checks per scenario and CCM run."""
+    """Prints one table per group of runs compared (group_key); returns the target checks
+    per group and CCM run, and the group's validity."""
     verdicts: dict[str, dict[str, dict[str, object]]] = {}
-    for scenario in dict.fromkeys(r.scenario for r in results):
-        runs = [r for r in results if r.scenario == scenario]
-        width, columns = 74, [max(16, len(r.mode)) for r in runs]
+    for key in dict.fromkeys(group_key(r) for r in results):
+        runs = [r for r in results if group_key(r) == key]
+        rows = table_rows(runs, args)
+        width = max(74, *(len(label) for label, _ in rows))
+        columns = [max(16, len(r.mode), *(len(values[k]) for _, values in rows)) for k, r in enumerate(runs)]
         print()
-        print(f"## {scenario} ({runs[0].postgresql})")
+        print(f"## {key} ({runs[0].postgresql})")
         print()
+        if runs[0].cpu_split:
+            print(f"Separate budgets: {runs[0].cpu_split}.")
+            print()
         print(f"| {'':<{width}} |" + "".join(f" {r.mode:>{c}} |" for r, c in zip(runs, columns)))
         print(f"|{'-' * (width + 2)}|" + "".join(f"{'-' * (c + 1)}:|" for c in columns))
-        for label, values in table_rows(runs, args):
+        for label, values in rows:
             print(f"| {label:<{width}} |" + "".join(f" {v:>{c}} |" for v, c in zip(values, columns)))
 
         with_agent = [r for r in runs if r.fill_room is not None]
         without = next((r for r in runs if r.fill_room is None), None)
         print()
-        verdicts[scenario] = {run.mode: check_targets(run, without, args, f" [{run.mode}]" if len(with_agent) > 1 else "")
-                              for run in with_agent}
+        verdicts[key] = {run.mode: check_targets(run, without, args, f" [{run.mode}]" if len(with_agent) > 1 else "")
+                         for run in with_agent}
+        valid = validity(runs)
+        if valid is not None:
+            verdicts[key]["validity"] = valid
+            figures = ", ".join(f"{mode} {tps}" for mode, tps in valid["pre_failover_tps"].items())  # type: ignore[union-attr]
+            print(f"comparison {'valid' if valid['valid'] else 'NOT VALID'}: pre-failover TPS {figures}, "
+                  f"spread {float(valid['spread']):.1%} (at most {VALID_SPREAD:.0%} allowed)")  # type: ignore[arg-type]
     return verdicts
 
 
@@ -949,7 +1525,7 @@ How to read this:
   standby's data files are dropped from the OS page cache (sync + vmtouch -e), in every run. The
   new primary then has only what its shared_buffers hold, as on its own host (and as on Aurora,
   which has no double buffering); everything else comes from storage.
-- "pre-failover TPS" is the old primary's mean over the last 20 s before the kill. The 90% times
+- "pre-failover TPS" is the old primary's mean over the last {window} s before the kill. The 90% times
   run from the moment the promoted standby accepts writes (pgbench starts a few milliseconds
   later) to the end of the first pgbench -P 1 interval at or above 90% of it, shown and checked
   to 0.1 s ("reached and kept": every later second too, so a single slow second anywhere, e.g.
@@ -968,7 +1544,7 @@ How to read this:
   which every later one, until the workload stopped, found the standby covering >= 99% of the
   primary's hot set at that moment. The primary warms up meanwhile, so its hot set grows.
 - Latency is pgbench's per-transaction latency (--log): p50 and p99 of the transactions that
-  ended in each one-second interval, and pooled over the old primary's last 20 s and the new
+  ended in each one-second interval, and pooled over the old primary's last {window} s and the new
   primary's first 10 s. "p99 <= 2x pre-failover p99" is timed like the 90% TPS figures, on the
   one-second p99s; a second in which no transaction ended is not within it.
 """
@@ -990,7 +1566,8 @@ IO_READS_EXPLANATION = """\
 
 def explanation(results: list[RunResult]) -> str:
     io = any(r.io_blocks_read_after is not None for r in results)
-    return EXPLANATION.format(reads=IO_READS_EXPLANATION if io else BLKS_READ_EXPLANATION)
+    return EXPLANATION.format(reads=IO_READS_EXPLANATION if io else BLKS_READ_EXPLANATION,
+                              window=results[0].pre_window_s if results else PRE_WINDOW)
 
 
 def plot_steps(axis, series: list[list[float]], column: int, left: float, **style: Any) -> None:
@@ -1009,14 +1586,14 @@ def chart(results: list[RunResult], path: Path, args: argparse.Namespace) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(dict.fromkeys(r.scenario for r in results))
+    names = list(dict.fromkeys(group_key(r) for r in results))
     figure, axes = plt.subplots(3, len(names), figsize=(8 * len(names), 12.5), squeeze=False, sharex="col")
     colors = {CCM.name: "tab:green", CCM_HOT_SET_ONLY.name: "tab:blue", NO_CCM.name: "tab:red"}
-    left = -min(30, args.warm_seconds)
+    left = -min(30, max(r.pre_window_s for r in results) if results[0].storage != "shared" else args.warm_seconds)
     for column, scenario in enumerate(names):
         tps_axis, latency_axis, reads_axis = (axes[row][column] for row in range(3))
-        for run in (r for r in results if r.scenario == scenario):
-            color = colors[run.mode]
+        for run in (r for r in results if group_key(r) == scenario):
+            color = colors.get(run.mode)
             label = f"{run.mode}: 90% after {fmt_seconds(run.seconds_to_90pct_first, args.after_seconds)}"
             # Before and after apart: between them the workload is stopped (coverage measured,
             # the standby's page cache dropped, the primary killed, the standby promoted).
@@ -1035,6 +1612,12 @@ def chart(results: list[RunResult], path: Path, args: argparse.Namespace) -> Non
             for series, name in ((reads[0], None), (reads[1], reads_label)):
                 points = [p for p in series if p[0] >= left]
                 reads_axis.plot([p[0] for p in points], [p[1] for p in points], color=color, linewidth=1.4, label=name)
+            # What the disk served (the node's blkio group), dashed: the reads that missed the OS page cache too.
+            disk_label = f"{run.mode}: disk read requests (blkio)" if run.device_reads_after else None
+            for series, name in ((run.device_reads_before, None), (run.device_reads_after, disk_label)):
+                points = [p for p in series if p[0] >= left]
+                reads_axis.plot([p[0] for p in points], [p[1] for p in points], color=color, linewidth=0.8,
+                                linestyle="--", label=name)
             if run.tps_before:
                 gap = (run.tps_before[-1][0], 0)
                 for axis in (tps_axis, latency_axis, reads_axis):
@@ -1059,8 +1642,10 @@ def chart(results: list[RunResult], path: Path, args: argparse.Namespace) -> Non
                              f"({counter}: old primary before 0, new primary after)")
         reads_axis.set_ylabel("blocks per second")
         reads_axis.set_xlabel("seconds from promotion")
-    figure.suptitle(f"pg_ccm failover demo on {results[0].postgresql}, with and without ccm-agent\n(separate hosts emulated: the standby's "
-                    "files are dropped from the OS page cache before the failover, in every run)", fontsize=10)
+    budgets = f"; separate budgets: {results[0].cpu_split}" if results[0].cpu_split else ""
+    subtitle = textwrap.fill(f"(separate hosts emulated: the standby's files are dropped from the OS page cache before the "
+                             f"failover, in every run{budgets})", width=int(14 * figure.get_figwidth()))
+    figure.suptitle(f"pg_ccm failover demo on {results[0].postgresql}, with and without ccm-agent\n{subtitle}", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -1130,12 +1715,97 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="skip the epilogue of the CCM run (the old primary rejoins and the agent warms it)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "demo-output", help="where failover.png and results.json go")
     parser.add_argument("--keep", action="store_true", help="keep the clusters' directories (the path is printed)")
+    add_budget_arguments(parser)
     args = parser.parse_args(argv)
     if args.warm_seconds < PRE_WINDOW or args.after_seconds < 10:
         parser.error(f"--warm-seconds must be >= {PRE_WINDOW} and --after-seconds >= 10")
     if args.clients < 1:
         parser.error("--clients must be >= 1")
+    resolve_budget_arguments(parser, args)
     return args
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a comparison with separate budgets (demo/README.md, "Separate budgets");
+    bench/failover_sweep.py takes them too."""
+    group = parser.add_argument_group("separate budgets (the default of --scenario large)")
+    group.add_argument("--separate-budgets", choices=["on", "off"],
+                       help="each node, its pgbench client and the agent in cgroups of their own (CPU sets, a blkio "
+                            "group per node on the data disk), the old primary brought to its steady state before a "
+                            "measured window of --pre-seconds (default: on for --scenario large, off for the others)")
+    group.add_argument("--storage", choices=["local", "cloud", "both"],
+                       help="with separate budgets: the local disk (reads counted per node), cloud-like storage (each "
+                            "node's reads throttled to --cloud-iops and --cloud-mbps), or both, in turn (default: cloud)")
+    group.add_argument("--cloud-iops", type=int, default=3000, help="read requests per second of each node on cloud-like storage")
+    group.add_argument("--cloud-mbps", type=int, default=125, help="MB (MiB) per second each node reads on cloud-like storage")
+    group.add_argument("--node-cpus", default="0:1", metavar="PRIMARY:STANDBY",
+                       help="the CPU sets of the primary and of the standby (cpuset.cpus syntax, e.g. 0-1:2-3)")
+    group.add_argument("--client-cpus", metavar="CPUS",
+                       help="the CPU set of pgbench (default: the CPUs of the node it drives: the primary's before the "
+                            "failover, the standby's after it)")
+    group.add_argument("--agent-cpus", metavar="CPUS", help="the CPU set of ccm-agent (default: the standby's)")
+    group.add_argument("--pre-seconds", type=int, default=60,
+                       help="the measured window on the old primary once it settled (pre-failover TPS, latency and reads)")
+    group.add_argument("--settle-reads", type=float, default=1.0,
+                       help="the old primary has settled when, over --settle-window, its storage reads (and the blocks "
+                            "the agent loaded) were at most this many per 1000 transactions")
+    group.add_argument("--settle-window", type=int, default=15, help="seconds the settling rates are taken over")
+    group.add_argument("--settle-timeout", type=int, default=900,
+                       help="most seconds of workload before the measured window starts anyway (the run says so)")
+    group.add_argument("--no-prewarm-primary", dest="prewarm_primary", action="store_false",
+                       help="with separate budgets, do not pg_prewarm the primary before its workload (it then warms "
+                            "from storage, which takes minutes on cloud-like storage)")
+
+
+def resolve_budget_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Defaults that depend on the scenario, and the checks of the separate-budget options.
+    Sets args.separate_budgets (bool), args.storages (list of Storage, empty without budgets)
+    and args.node_cpus (primary, standby)."""
+    if args.separate_budgets is None:
+        args.separate_budgets = "on" if getattr(args, "scenario", "large") == "large" else "off"
+    args.separate_budgets = args.separate_budgets == "on"
+    if args.storage and not args.separate_budgets:
+        parser.error("--storage needs separate budgets (--separate-budgets on)")
+    chosen = {"local": ["local"], "cloud": ["cloud"], "both": ["local", "cloud"]}[args.storage or "cloud"]
+    args.storages = [storages(args)[name] for name in chosen] if args.separate_budgets else []
+    primary, sep, standby = args.node_cpus.partition(":")
+    if not sep or not all(re.fullmatch(r"[0-9,-]+", part) for part in (primary, standby)):
+        parser.error(f"--node-cpus: expected PRIMARY:STANDBY CPU sets such as 0:1, got {args.node_cpus!r}")
+    args.node_cpus = (primary, standby)
+    if args.pre_seconds < 10 or args.settle_window < 5:
+        parser.error("--pre-seconds must be >= 10 and --settle-window >= 5")
+
+
+def json_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The options as results.json records them (paths as text, arms and storages as dicts)."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, (Arm, Storage)):
+            return asdict(value)
+        if isinstance(value, (list, tuple)):
+            return [plain(item) for item in value]
+        return value
+    return {key: plain(value) for key, value in vars(args).items()}
+
+
+def budget_problems(args: argparse.Namespace) -> list[str]:
+    """What keeps separate budgets from working here."""
+    if not args.separate_budgets:
+        return []
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("separate budgets need root (cgroups); pass --separate-budgets off")
+    missing = [name for name in ("cpuset", "cpuacct", "blkio") if not controller_available(name)]
+    if missing:
+        problems.append(f"separate budgets need the cgroup v1 controllers {', '.join(missing)} (/sys/fs/cgroup/NAME); "
+                        "pass --separate-budgets off")
+    cpus = os.cpu_count() or 1
+    wanted = [args.node_cpus[0], args.node_cpus[1], args.client_cpus, args.agent_cpus]
+    highest = max((int(n) for spec in wanted if spec for n in re.findall(r"\d+", spec)), default=0)
+    if highest >= cpus:
+        problems.append(f"CPU {highest} is named in --node-cpus/--client-cpus/--agent-cpus, but this machine has {cpus}")
+    return problems
 
 
 def preflight(args: argparse.Namespace) -> list[str]:
@@ -1148,14 +1818,22 @@ def preflight(args: argparse.Namespace) -> list[str]:
         if "--fill-room" not in usage:
             problems.append(f"{AGENT_BIN} has no --fill-room (a hot-set-only run needs it): rebuild it with "
                             "scripts/install.sh, or pass --fill-room on")
+    return problems + environment_problems(args)
+
+
+def environment_problems(args: argparse.Namespace, programs: tuple[str, ...] = ()) -> list[str]:
+    """What the demo and the sweep need besides the agent: the PostgreSQL version (chosen
+    and put in use here), the cgroups of separate budgets, programs, matplotlib."""
+    problems = []
     try:
         (args.pg,) = resolve_pg_versions(args.pg)  # names scripts/install.sh --pg N if pg_ccm is missing
         use_pg_version(args.pg)
     except PgVersionError as error:
         problems.append(str(error))
-    for program in ("vmtouch", "setpriv", "sync"):
+    problems += budget_problems(args)
+    for program in ("vmtouch", "setpriv", "sync", *programs):
         if shutil.which(program) is None:
-            problems.append(f"{program} is missing (scripts/setup.sh installs vmtouch)")
+            problems.append(f"{program} is missing (scripts/setup.sh installs it)")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -1163,24 +1841,34 @@ def preflight(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    problems = preflight(args)
+def ready(problems: list[str], program: str) -> bool:
+    """Prints what keeps `program` from running; without problems, makes SIGTERM and SIGHUP
+    unwind like Ctrl-C (clusters, agent and cgroups are removed) and says it may run."""
+    for problem in problems:
+        print(f"{program}: {problem}", file=sys.stderr)
     if problems:
-        for problem in problems:
-            print(f"failover_demo: {problem}", file=sys.stderr)
-        return 2
+        return False
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_interrupted)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not ready(preflight(args), "failover_demo"):
+        return 2
 
     args.output_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="pg_ccm-demo-"))
     os.chmod(workdir, 0o755)  # the postgres user must reach the clusters inside
     chosen = scenarios(args, workdir)
-    per_run = 15 + args.warm_seconds + args.after_seconds
+    # With separate budgets the primary works until it settles (guessed: --warm-seconds and a
+    # minute more) before its measured window; every storage setting runs every arm.
+    per_run = 15 + args.warm_seconds + args.after_seconds + (60 + args.pre_seconds if args.separate_budgets else 0)
     # The data set once, then per run: a copy of it for each node, the workloads, the epilogue.
-    estimate = sum(5 + s.scale / 8 + sum(per_run + s.scale / 10 + (REJOIN_TIMEOUT if args.rejoin and m.agent_args is not None else 0)
-                                         for m in modes(args, s.name)) for s in chosen)
+    estimate = sum(5 + s.scale / 8 + len(args.storages or [None]) * sum(
+        per_run + s.scale / 10 + (REJOIN_TIMEOUT if args.rejoin and m.agent_args is not None else 0)
+        for m in modes(args, s.name)) for s in chosen)
     started, started_wall = time.monotonic(), datetime.datetime.now().astimezone()
     runs = "; ".join(f"{s.name}: {', '.join(m.name for m in modes(args, s.name))}" for s in chosen)
     say(f"pg_ccm failover demo on {pg_version_text()} ({pg_bin()}), runs of {runs}; about {estimate / 60:.0f} minutes")
@@ -1191,8 +1879,11 @@ def main(argv: list[str] | None = None) -> int:
         for scenario in chosen:
             say(f"scenario {scenario.name}: {scenario.description}")
             template = build_template(scenario, args, workdir)
-            for mode in modes(args, scenario.name):
-                results.append(run_once(scenario, template, mode, args, workdir))
+            for storage in args.storages or [None]:
+                longest = 0.0  # the arms compared warm up at least as long as the ones before them
+                for arm in modes(args, scenario.name):
+                    results.append(run_once(scenario, template, arm, args, workdir, storage, warm_at_least=longest))
+                    longest = max(longest, results[-1].warm_before_window_s or 0.0)
     except KeyboardInterrupt as stop:
         say(f"interrupted ({stop or 'Ctrl-C'}): clusters and agent stopped")
         return 130
@@ -1216,7 +1907,7 @@ def main(argv: list[str] | None = None) -> int:
         "postgresql": {"major": args.pg, "version": pg_version_text(), "bin": str(pg_bin())},
         "storage_reads": ("pg_stat_io reads of relations (startup process left out); blks_read beside them"
                           if any(r.io_blocks_read_after is not None for r in results) else "pg_stat_database.blks_read"),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": json_settings(args),
         "targets": verdicts,
         "runs": [asdict(r) for r in results],
     }, indent=1))
