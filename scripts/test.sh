@@ -20,8 +20,9 @@
 #     run once, with 15.
 # The integration tests of a version run in PYTEST_WORKERS parallel pytest-xdist workers (most
 # of them wait on replication and the agent's timers); tests that share a module's cluster stay
-# on one worker (xdist_group). A version that cannot be had on this machine is reported in one
-# line and skipped.
+# on one worker (xdist_group). The container tests run in the background from the moment 15 is
+# installed, beside the other versions. A version that cannot be had on this machine is
+# reported in one line and skipped.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -34,7 +35,7 @@ if [ "${1:-}" = --quick ]; then
     shift
 fi
 PYTEST_WORKERS=${PYTEST_WORKERS:-4}
-trap phase_table EXIT
+trap 'phase_stop_background; phase_table' EXIT
 
 phase "set-up (scripts/setup.sh)" "$ROOT/scripts/setup.sh"
 
@@ -61,9 +62,8 @@ fi
 phase "unit tests (codec, walcache, agent)" cargo test --locked -p ccm-codec -p ccm-walcache -p ccm-agent
 
 PGRX_TEST_DIR=/tmp/pg_ccm-pgrx-test
-pytest_scope() {  # VERSION: the -m expression of its integration tests
-    local version=$1 scope=()
-    [ "$version" = 15 ] && [ "$containers" = 1 ] || scope+=("not container")
+pytest_scope() {  # VERSION: the -m expression of its integration tests (containers apart)
+    local version=$1 scope=("not container")
     [ "$version" = "$oldest" ] || [ "$version" = "$newest" ] || scope+=("every_version")
     [ "$QUICK" = 0 ] || scope+=("smoke")
     local joined="" term
@@ -79,9 +79,19 @@ for version in $versions; do
             bash -c "cd extension && cargo pgrx test pg$version --runas postgres --pgdata $PGRX_TEST_DIR/data"
     fi
     phase "PostgreSQL $version: build and install (test build)" "$ROOT/scripts/install.sh" --pg "$version" --test-build
-    [ "$version" = 15 ] && [ "$containers" = 1 ] && phase_wait "container images: base layers"
+    if [ "$version" = 15 ] && [ "$containers" = 1 ]; then
+        # Docker's compose stacks, Patroni and the packages mostly wait for containers: they go
+        # on beside the other versions' builds and tests, in ports of their own.
+        phase_wait "container images: base layers"
+        phase_start "PostgreSQL 15: container tests (compose, Patroni, packages)" \
+            env PG_BIN="$(pg_bindir 15)" PG_CCM_PORTS=29000:3000 python3 -m pytest -p no:cacheprovider -v \
+            --durations=15 -n 3 --dist loadgroup -m container tests/integration "$@"
+    fi
     scope=$(pytest_scope "$version")
-    phase "PostgreSQL $version: integration tests${scope:+ ($scope)}" \
-        env PG_BIN="$(pg_bindir "$version")" python3 -m pytest -p no:cacheprovider -v --durations=15 \
-        -n "$PYTEST_WORKERS" --dist loadgroup ${scope:+-m "$scope"} tests/integration "$@"
+    phase "PostgreSQL $version: integration tests ($scope)" \
+        env PG_BIN="$(pg_bindir "$version")" PG_CCM_PORTS=20000:9000 python3 -m pytest -p no:cacheprovider -v \
+        --durations=15 -n "$PYTEST_WORKERS" --dist loadgroup -m "$scope" tests/integration "$@"
 done
+if [ "$containers" = 1 ]; then
+    phase_wait "PostgreSQL 15: container tests (compose, Patroni, packages)"
+fi

@@ -5,6 +5,7 @@
 #   phase_start NAME COMMAND...  runs COMMAND in the background as phase NAME (its output in a
 #                              file, printed when it is awaited)
 #   phase_wait NAME            waits for a background phase; its status is returned
+#   phase_stop_background      ends background phases still running (after a failure), noting them
 #   phase_table                prints every phase: start (seconds since the first), wall time, status
 
 PHASES_T0=${PHASES_T0:-$(date +%s)}
@@ -48,6 +49,17 @@ phase_wait() {
     return "$status"
 }
 
+phase_stop_background() {
+    local name
+    for name in "${!PHASES_PID[@]}"; do
+        pkill -TERM -P "${PHASES_PID[$name]}" 2>/dev/null || true
+        kill -TERM "${PHASES_PID[$name]}" 2>/dev/null || true
+        wait "${PHASES_PID[$name]}" 2>/dev/null || true
+        _phase_row "$name" "${PHASES_BEGIN[$name]}" "stopped" "background, stopped after a failure"
+        rm -f "${PHASES_LOG[$name]}"
+    done
+}
+
 phase_table() {
     local row name start wall status note total
     total=$(( $(date +%s) - PHASES_T0 ))
@@ -56,7 +68,7 @@ phase_table() {
     for row in "${PHASES_ROWS[@]}"; do
         IFS='|' read -r name start wall status note <<< "$row"
         printf '%-58s %7ss %4dm%02ds  %s%s\n' "$name" "$start" $(( wall / 60 )) $(( wall % 60 )) \
-            "$([ "$status" = 0 ] && echo ok || echo "FAILED ($status)")" "${note:+ ($note)}"
+            "$(case "$status" in 0) echo ok ;; stopped) echo stopped ;; *) echo "FAILED ($status)" ;; esac)" "${note:+ ($note)}"
     done
     printf '%-58s %8s %4dm%02ds\n' "total" "" $(( total / 60 )) $(( total % 60 ))
 }

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # The images hold Debian 12's PostgreSQL 15: scripts/test.sh runs these with 15 only.
 pytestmark = [
     pytest.mark.container,
-    # The module shares one cluster (one worker); the compose stacks run one after the other.
-    pytest.mark.xdist_group("containers"),
+    # The module shares one cluster: one worker.
+    pytest.mark.xdist_group("compose"),
     pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine"),
 ]
 

@@ -40,8 +40,8 @@ LOADED_METRIC = "ccm_agent_standby_blocks_loaded_total"
 # The image holds Debian 12's PostgreSQL 15: scripts/test.sh runs these with 15 only.
 pytestmark = [
     pytest.mark.container,
-    # The module shares one cluster (one worker); the compose stacks run one after the other.
-    pytest.mark.xdist_group("containers"),
+    # The module shares one cluster: one worker.
+    pytest.mark.xdist_group("patroni"),
     pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine"),
 ]
 
