@@ -21,6 +21,7 @@ mod tls;
 mod topology;
 mod wait;
 mod wire;
+mod x509;
 
 use std::future::Future;
 use std::io::IsTerminal;
