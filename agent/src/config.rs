@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::{GlobalArgs, LogFormat};
 use crate::conninfo::{mask_password, ConnInfo};
 use crate::node::Side;
+use crate::walsender::SenderCheck;
 
 /// The default of `log_level`; also what main.rs logs with should a filter not parse.
 pub const DEFAULT_LOG_LEVEL: &str = "info";
@@ -134,6 +135,11 @@ config_keys! {
     statement_timeout: String [env = "CCM_STATEMENT_TIMEOUT", value_name = "DURATION"] = "30s",
     /// Cap of the reconnect backoff.
     max_backoff: String [env = "CCM_MAX_BACKOFF", value_name = "DURATION"] = "30s",
+    /// A standby whose WAL sender is no node the agent knows (a virtual IP, a Kubernetes
+    /// Service, a proxy): warn = warm it and warn once, strict = do not warm it, off = do not
+    /// compare senders. A sender that is a known node other than the primary or a warmed
+    /// standby is never warmed from.
+    wal_sender_check: SenderCheck [env = "CCM_WAL_SENDER_CHECK", value_enum] = SenderCheck::Warn,
 }
 
 impl RawConfig {
@@ -250,6 +256,7 @@ pub struct Config {
     pub connect_timeout: Duration,
     pub statement_timeout: Duration,
     pub max_backoff: Duration,
+    pub wal_sender_check: SenderCheck,
 }
 
 impl Config {
@@ -377,6 +384,7 @@ impl Config {
             connect_timeout,
             statement_timeout,
             max_backoff,
+            wal_sender_check: value!(wal_sender_check),
         })
     }
 
@@ -410,6 +418,7 @@ impl Config {
             connect_timeout: Some(format_duration(self.connect_timeout)),
             statement_timeout: Some(format_duration(self.statement_timeout)),
             max_backoff: Some(format_duration(self.max_backoff)),
+            wal_sender_check: Some(self.wal_sender_check),
         }
     }
 
@@ -1069,6 +1078,7 @@ mod tests {
             patroni_cafile: Some("/etc/ccm-agent/rest-ca.crt".into()),
             patroni_certfile: Some("/etc/ccm-agent/agent.crt".into()),
             patroni_keyfile: Some("/etc/ccm-agent/agent.key".into()),
+            wal_sender_check: Some(SenderCheck::Strict),
         }
     }
 

@@ -20,6 +20,7 @@ mod sync;
 mod tls;
 mod topology;
 mod wait;
+mod walsender;
 mod wire;
 mod x509;
 
