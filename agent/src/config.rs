@@ -578,8 +578,19 @@ fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
     if d.is_zero() {
         return Err(invalid(key, "must be greater than zero"));
     }
+    if d > MAX_DURATION {
+        return Err(invalid(
+            key,
+            format!("\"{}\" is more than {}", text.trim(), format_duration(MAX_DURATION)),
+        ));
+    }
     Ok(d)
 }
+
+/// The longest any duration key may be: far above any sensible value, and low enough that
+/// `interval * 3`, `now + interval` and a statement_timeout in milliseconds (PostgreSQL's
+/// limit is 2147483647ms, about 24.8 days) cannot overflow (review L1).
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// A size as PostgreSQL writes one (`16MB`, `512kB`, `1GB`, bytes without a unit; units of
 /// 1024), or "off": None.
@@ -741,6 +752,21 @@ mod tests {
         .unwrap();
         let changes = format!("{:?}", old.changes(&new));
         assert!(!changes.contains("a/b") && !changes.contains("c?d"), "{changes}");
+    }
+
+    #[test]
+    fn absurd_durations_are_refused() {
+        for key in ["interval", "connect_timeout", "statement_timeout", "max_backoff"] {
+            let set = |value: &str| {
+                let mut table = table(&base());
+                table.insert(key.to_string(), toml::Value::String(value.to_string()));
+                Config::validate(RawConfig::from_toml(&table.to_string()).unwrap())
+            };
+            assert!(set("1day").is_ok(), "{key}");
+            let err = set("1day 1s").unwrap_err().to_string();
+            assert_eq!(err, format!("{key}: \"1day 1s\" is more than 1day"));
+            assert!(set("500000000years").is_err(), "{key}");
+        }
     }
 
     #[test]
