@@ -581,7 +581,11 @@ fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
     if d > MAX_DURATION {
         return Err(invalid(
             key,
-            format!("\"{}\" is more than {}", text.trim(), format_duration(MAX_DURATION)),
+            format!(
+                "\"{}\" is more than {}",
+                text.trim(),
+                format_duration(MAX_DURATION)
+            ),
         ));
     }
     Ok(d)
@@ -751,12 +755,20 @@ mod tests {
         })
         .unwrap();
         let changes = format!("{:?}", old.changes(&new));
-        assert!(!changes.contains("a/b") && !changes.contains("c?d"), "{changes}");
+        assert!(
+            !changes.contains("a/b") && !changes.contains("c?d"),
+            "{changes}"
+        );
     }
 
     #[test]
     fn absurd_durations_are_refused() {
-        for key in ["interval", "connect_timeout", "statement_timeout", "max_backoff"] {
+        for key in [
+            "interval",
+            "connect_timeout",
+            "statement_timeout",
+            "max_backoff",
+        ] {
             let set = |value: &str| {
                 let mut table = table(&base());
                 table.insert(key.to_string(), toml::Value::String(value.to_string()));
@@ -1198,7 +1210,10 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
-        assert!(err.starts_with("patroni_keyfile: needs patroni_certfile"), "{err}");
+        assert!(
+            err.starts_with("patroni_keyfile: needs patroni_certfile"),
+            "{err}"
+        );
         let bad = RawConfig {
             patroni: Some("node1:8008".into()),
             ..Default::default()

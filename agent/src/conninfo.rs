@@ -220,7 +220,12 @@ impl ConnInfo {
         let mut config: PgConfig = stripped
             .parse()
             .map_err(|e: tokio_postgres::Error| ConnInfoError::Invalid(e.to_string()))?;
-        if is_uri(conninfo) && config.get_hosts().iter().any(|h| matches!(h, Host::Tcp(h) if h.contains('@'))) {
+        if is_uri(conninfo)
+            && config
+                .get_hosts()
+                .iter()
+                .any(|h| matches!(h, Host::Tcp(h) if h.contains('@')))
+        {
             // The user info ends at the first "@": what follows a literal "@" in a password
             // became the host name, which messages would show. Say so without echoing it.
             return Err(ConnInfoError::Invalid(
@@ -1148,14 +1153,20 @@ mod tests {
             let info = parse(&uri);
             assert_eq!(info.tls().mode, SslMode::Disable, "{uri}: sslmode stripped");
             let config = info.host_config(&info.hosts()[0], "ccm-agent", Duration::from_secs(1));
-            assert_eq!(config.get_password(), Some(format!("p{c}ss").as_bytes()), "{uri}");
+            assert_eq!(
+                config.get_password(),
+                Some(format!("p{c}ss").as_bytes()),
+                "{uri}"
+            );
             assert_eq!(config.get_hosts(), &[Host::Tcp("h".into())], "{uri}");
         }
         // A literal "@": what follows it would be the host; masked whole, and refused by
         // a message that quotes none of it.
         let uri = "postgresql://u:p@ss9@h:5/db";
         assert_eq!(mask_password(uri), "postgresql://u:****@h:5/db");
-        let e = ConnInfo::parse_with_env(uri, &no_env).unwrap_err().to_string();
+        let e = ConnInfo::parse_with_env(uri, &no_env)
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("ss9"), "{e}");
         assert!(e.contains("%40"), "{e}");
         // No user info at all, an "@" in a parameter: nothing to hide, nothing hidden.
@@ -1180,7 +1191,10 @@ mod tests {
     fn the_user_info_ends_at_the_last_at_sign_of_the_authority() {
         assert_eq!(split_userinfo("u:p@h/db"), Some(("u:p", "h/db")));
         assert_eq!(split_userinfo("u:p/s@h/db"), Some(("u:p/s", "h/db")));
-        assert_eq!(split_userinfo("u:p@s@h/db?x=@"), Some(("u:p@s", "h/db?x=@")));
+        assert_eq!(
+            split_userinfo("u:p@s@h/db?x=@"),
+            Some(("u:p@s", "h/db?x=@"))
+        );
         assert_eq!(split_userinfo("h/db"), None);
         assert_eq!(mask_userinfo("u:a:b", "*"), "u:*");
         assert_eq!(mask_userinfo("u", "*"), "u");

@@ -92,7 +92,10 @@ fn log_panics() {
     std::panic::set_hook(Box::new(|info| {
         let message = panic_message(info.payload());
         let location = info.location().map(ToString::to_string).unwrap_or_default();
-        let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+        let thread = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_string();
         let backtrace = std::backtrace::Backtrace::capture();
         if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
             error!(%location, %thread, %backtrace, "panic: {message}");

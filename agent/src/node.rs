@@ -591,11 +591,7 @@ impl Session<'_> {
             })
     }
 
-    async fn attempt(
-        &self,
-        mode: PgSslMode,
-        tls: MakeTls,
-    ) -> Result<Established, NodeError> {
+    async fn attempt(&self, mode: PgSslMode, tls: MakeTls) -> Result<Established, NodeError> {
         let mut config = self.config.clone();
         config.ssl_mode(mode);
         let label = self.label.to_string();

@@ -215,7 +215,10 @@ impl ClientTls {
         if let Some(cert) = &self.certfile {
             // libpq skips a missing certificate file; a configured one must be there.
             std::fs::metadata(cert).map_err(|e| {
-                format!("could not read certificate file \"{}\": {e}", cert.display())
+                format!(
+                    "could not read certificate file \"{}\": {e}",
+                    cert.display()
+                )
             })?;
         }
         let settings = TlsSettings {
@@ -381,9 +384,11 @@ impl Target {
         if rest[..authority_end].matches('@').count() > 1 || rest[authority_end..].contains('@') {
             // RFC 3986 would end the user info elsewhere than its writer meant (and than
             // mask_url does), sending part of the password as the host or the path.
-            return Err("a \"/\", \"?\", \"#\" or \"@\" in the user name or password must be \
+            return Err(
+                "a \"/\", \"?\", \"#\" or \"@\" in the user name or password must be \
                         percent-encoded"
-                .to_string());
+                    .to_string(),
+            );
         }
         if rest.contains(['?', '#']) {
             return Err("a query or fragment is not supported".to_string());
@@ -404,7 +409,10 @@ impl Target {
         let authority = uri
             .authority()
             .ok_or_else(|| "missing host name".to_string())?;
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
         if host.is_empty() {
             return Err("missing host name".to_string());
         }
@@ -1051,7 +1059,11 @@ mod tests {
     fn passwords_with_reserved_characters_never_print() {
         for c in ['/', '?', '#', '@', ':'] {
             let url = format!("http://patroni:pa{c}ss9word@10.0.0.1:8008/x");
-            assert_eq!(mask_url(&url), "http://patroni:***@10.0.0.1:8008/x", "{url}");
+            assert_eq!(
+                mask_url(&url),
+                "http://patroni:***@10.0.0.1:8008/x",
+                "{url}"
+            );
             let shown = validate_url(&url)
                 .err()
                 .map(|e| e.to_string())
@@ -1060,7 +1072,10 @@ mod tests {
             match Target::parse(&url) {
                 Ok(target) => assert_eq!(target.shown, "http://patroni:***@10.0.0.1:8008/x"),
                 Err(reason) => {
-                    assert!(!reason.contains("ss9") && !reason.contains("10.0.0.1"), "{reason}")
+                    assert!(
+                        !reason.contains("ss9") && !reason.contains("10.0.0.1"),
+                        "{reason}"
+                    )
                 }
             }
         }
@@ -1072,9 +1087,15 @@ mod tests {
         assert_eq!(target.shown, "http://patroni:***@10.0.0.1:8008");
         // A bad port after a password: the message names neither.
         let reason = Target::parse("http://u:se/cret@h:80a").unwrap_err();
-        assert!(!reason.contains("cret") && !reason.contains("80a"), "{reason}");
+        assert!(
+            !reason.contains("cret") && !reason.contains("80a"),
+            "{reason}"
+        );
         let reason = Target::parse("http://u:secret@h:99999").unwrap_err();
-        assert!(!reason.contains("secret") && !reason.contains("99999"), "{reason}");
+        assert!(
+            !reason.contains("secret") && !reason.contains("99999"),
+            "{reason}"
+        );
     }
 
     #[test]
@@ -1261,9 +1282,10 @@ mod tests {
         let (streamed, _) = serve(vec![Some(chunked.into_bytes())]).await;
         let cancel = CancellationToken::new();
         for url in [declared, streamed] {
-            let error = fetch_cluster_limited(std::slice::from_ref(&url), &NO_TLS, SECOND, &cancel, 1024)
-                .await
-                .unwrap_err();
+            let error =
+                fetch_cluster_limited(std::slice::from_ref(&url), &NO_TLS, SECOND, &cancel, 1024)
+                    .await
+                    .unwrap_err();
             assert_eq!(
                 error.to_string(),
                 format!("could not get the cluster state from Patroni: {url}: response too large (over 1024 bytes)")
@@ -1438,10 +1460,8 @@ mod tests {
     /// The test CA's files in a fresh directory, keys 0600 as libpq asks.
     fn rest_files(name: &str) -> (std::path::PathBuf, ClientTls) {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!(
-            "ccm-agent-patroni-{}-{name}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("ccm-agent-patroni-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let both = format!("{REST_CLIENT_CRT}{REST_CLIENT_KEY}");

@@ -39,8 +39,8 @@
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
 use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -385,7 +385,9 @@ fn client_key(
         .key_provider
         .load_private_key(key)
         .map_err(|e| setup_error(format!("could not load private key file \"{shown}\": {e}")))?;
-    let certified = cert.and_then(|c| x509::parse(c)).map(|info| info.public_key);
+    let certified = cert
+        .and_then(|c| x509::parse(c))
+        .map(|info| info.public_key);
     if let (Some(in_cert), Some(of_key)) = (certified, key.public_key()) {
         if in_cert != of_key.as_ref() {
             return Err(setup_error(format!(
@@ -401,7 +403,9 @@ fn client_key(
 /// is not kept, the next connection tries again.
 fn system_roots() -> Result<Roots, TlsSetupError> {
     static LOADED: Mutex<Option<Roots>> = Mutex::new(None);
-    let mut slot = LOADED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut slot = LOADED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(roots) = slot.as_ref() {
         return Ok(roots.clone());
     }
@@ -467,9 +471,9 @@ fn read_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError
             )))
         }
     };
-    let meta = file.metadata().map_err(|e| {
-        setup_error(format!("could not stat private key file \"{shown}\": {e}"))
-    })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| setup_error(format!("could not stat private key file \"{shown}\": {e}")))?;
     if !meta.is_file() {
         return Err(setup_error(format!(
             "private key file \"{shown}\" is not a regular file"
@@ -1027,7 +1031,8 @@ mod tests {
         assert!(e.contains("could not load private key file"), "{e}");
         // A FIFO in the key's place is refused at once (one non-blocking descriptor).
         std::fs::remove_file(dir.join("c.key")).unwrap();
-        let name = std::ffi::CString::new(dir.join("c.key").as_os_str().as_encoded_bytes()).unwrap();
+        let name =
+            std::ffi::CString::new(dir.join("c.key").as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: mkfifo reads the NUL-terminated path only.
         assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
         let e = s.client_identity().unwrap_err().to_string();

@@ -162,14 +162,26 @@ mod tests {
         let primary = at("db1", 5432, &["10.0.0.1"]);
         let cascade = at("db2", 5432, &[]);
         let members = [primary, cascade];
-        assert_eq!(classify(&at("db1", 5432, &[]), &members, &[]), Sender::Member);
-        assert_eq!(classify(&at("DB1", 5432, &[]), &members, &[]), Sender::Member);
-        assert_eq!(classify(&at("db2", 5432, &[]), &members, &[]), Sender::Member);
+        assert_eq!(
+            classify(&at("db1", 5432, &[]), &members, &[]),
+            Sender::Member
+        );
+        assert_eq!(
+            classify(&at("DB1", 5432, &[]), &members, &[]),
+            Sender::Member
+        );
+        assert_eq!(
+            classify(&at("db2", 5432, &[]), &members, &[]),
+            Sender::Member
+        );
         // An IP address of the primary, resolved.
         let by_address = at("10.0.0.1", 5432, &["10.0.0.1"]);
         assert_eq!(classify(&by_address, &members, &[]), Sender::Member);
         // The right name on another port is another server.
-        assert_eq!(classify(&at("db1", 5433, &[]), &members, &[]), Sender::Unknown);
+        assert_eq!(
+            classify(&at("db1", 5433, &[]), &members, &[]),
+            Sender::Unknown
+        );
         // A Unix socket: a server on this machine, told apart by its port.
         assert_eq!(
             classify(&at("/var/run/postgresql", 5432, &[]), &members, &[]),
@@ -192,17 +204,26 @@ mod tests {
             classify(&sender, &members, &others),
             Sender::Foreign("127.0.0.1:6001".into())
         );
-        assert_eq!(verdict(&classify(&sender, &members, &others), SenderCheck::Warn), Verdict::Refuse);
+        assert_eq!(
+            verdict(&classify(&sender, &members, &others), SenderCheck::Warn),
+            Verdict::Refuse
+        );
         // Listed both ways (a host of the standby string that is a member): a member.
         let members = [at("db2", 5432, &[])];
         let others = [at("db2", 5432, &[])];
-        assert_eq!(classify(&at("db2", 5432, &[]), &members, &others), Sender::Member);
+        assert_eq!(
+            classify(&at("db2", 5432, &[]), &members, &others),
+            Sender::Member
+        );
     }
 
     #[test]
     fn a_virtual_ip_or_service_is_unknown_and_warmed_with_a_warning() {
         // CloudNativePG: replicas stream from pg-rw, a Service whose address is no node's.
-        let members = [at("pg-1.pg", 5432, &["10.1.0.11"]), at("pg-2.pg", 5432, &[])];
+        let members = [
+            at("pg-1.pg", 5432, &["10.1.0.11"]),
+            at("pg-2.pg", 5432, &[]),
+        ];
         let others = [at("pg-3.pg", 5432, &["10.1.0.13"])];
         let service = at("pg-rw", 5432, &["10.96.0.20"]);
         let sender = classify(&service, &members, &others);
@@ -234,9 +255,18 @@ mod tests {
         assert!(unknowns.record("s1", &sender, now), "first: warn");
         assert!(unknowns.recent("s1", &sender, now + Duration::from_secs(1)));
         assert!(!unknowns.recent("s2", &sender, now), "per standby");
-        assert!(!unknowns.recent("s1", &sender, now + UNKNOWN_KEPT), "looked up again");
-        assert!(!unknowns.record("s1", &sender, now + UNKNOWN_KEPT), "warned already");
+        assert!(
+            !unknowns.recent("s1", &sender, now + UNKNOWN_KEPT),
+            "looked up again"
+        );
+        assert!(
+            !unknowns.record("s1", &sender, now + UNKNOWN_KEPT),
+            "warned already"
+        );
         unknowns.forget("s1");
-        assert!(unknowns.record("s1", &sender, now), "told again after a change");
+        assert!(
+            unknowns.record("s1", &sender, now),
+            "told again after a change"
+        );
     }
 }

@@ -421,7 +421,11 @@ mod tests {
         drop(server);
         let mut rest = Vec::new();
         client.read_to_end(&mut rest).await.unwrap();
-        assert_eq!(wire.take(), (0, 5), "what arrived before the close still counts");
+        assert_eq!(
+            wire.take(),
+            (0, 5),
+            "what arrived before the close still counts"
+        );
     }
 
     #[tokio::test]
@@ -430,14 +434,21 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         drop(listener);
         let mut config = Config::new();
-        config.host("127.0.0.1").hostaddr(addr.ip()).port(addr.port());
-        config.user("u").ssl_mode(tokio_postgres::config::SslMode::Disable);
+        config
+            .host("127.0.0.1")
+            .hostaddr(addr.ip())
+            .port(addr.port());
+        config
+            .user("u")
+            .ssl_mode(tokio_postgres::config::SslMode::Disable);
         let error = connect(&config, &MakeTls::plain()).await.err().unwrap();
         assert!(
             matches!(&error, ConnectError::Socket(e) if e.kind() == io::ErrorKind::ConnectionRefused),
             "{error}"
         );
-        assert!(error.to_string().starts_with("error connecting to server: "));
+        assert!(error
+            .to_string()
+            .starts_with("error connecting to server: "));
     }
 
     #[tokio::test]
@@ -452,8 +463,13 @@ mod tests {
             }
         });
         let mut config = Config::new();
-        config.host("localhost").hostaddr(addr.ip()).port(addr.port());
-        config.user("u").ssl_mode(tokio_postgres::config::SslMode::Disable);
+        config
+            .host("localhost")
+            .hostaddr(addr.ip())
+            .port(addr.port());
+        config
+            .user("u")
+            .ssl_mode(tokio_postgres::config::SslMode::Disable);
         let error = connect(&config, &MakeTls::plain()).await.err().unwrap();
         assert!(matches!(error, ConnectError::Postgres(_)), "{error}");
     }
@@ -461,7 +477,10 @@ mod tests {
     #[tokio::test]
     async fn hostaddr_is_used_not_the_name() {
         let mut config = Config::new();
-        config.host("db.invalid").hostaddr("10.1.2.3".parse().unwrap()).port(6000);
+        config
+            .host("db.invalid")
+            .hostaddr("10.1.2.3".parse().unwrap())
+            .port(6000);
         assert_eq!(
             peers(&config).await.unwrap(),
             vec![Peer::Tcp("10.1.2.3:6000".parse().unwrap())]

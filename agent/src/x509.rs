@@ -169,8 +169,7 @@ pub enum CommonName {
 
 /// libpq's wildcard rule: `*.` followed by the rest, the `*` matching one label.
 fn wildcard_matches(pattern: &[u8], host: &[u8]) -> bool {
-    if pattern.len() < 3 || pattern[0] != b'*' || pattern[1] != b'.' || pattern.len() > host.len()
-    {
+    if pattern.len() < 3 || pattern[0] != b'*' || pattern[1] != b'.' || pattern.len() > host.len() {
         return false;
     }
     let suffix = &pattern[1..];
@@ -403,7 +402,10 @@ mod tests {
         for pem in [CA_PEM, SERVER_PEM, CN_ONLY_PEM, CONSTRAINED_CA_PEM] {
             let good = der(pem);
             for len in 0..good.len() {
-                assert!(parse(&good[..len]).is_none(), "prefix of {len} bytes parsed");
+                assert!(
+                    parse(&good[..len]).is_none(),
+                    "prefix of {len} bytes parsed"
+                );
             }
             let mut longer = good.clone();
             longer.push(0);
@@ -425,10 +427,16 @@ mod tests {
     fn a_default_value_written_out_is_refused() {
         // ca.crt's basicConstraints is critical (01 01 ff); critical FALSE must be left out.
         let good = der(CA_PEM);
-        let at = good.windows(3).position(|w| w == [0x01, 0x01, 0xff]).unwrap();
+        let at = good
+            .windows(3)
+            .position(|w| w == [0x01, 0x01, 0xff])
+            .unwrap();
         let mut bad = good.clone();
         bad[at + 2] = 0x00;
-        assert!(Certificate::from_der(&bad).is_ok(), "x509-cert alone takes it");
+        assert!(
+            Certificate::from_der(&bad).is_ok(),
+            "x509-cert alone takes it"
+        );
         assert!(parse(&bad).is_none());
     }
 
