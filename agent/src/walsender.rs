@@ -159,38 +159,21 @@ mod tests {
 
     #[test]
     fn members_by_name_or_address() {
-        let primary = at("db1", 5432, &["10.0.0.1"]);
-        let cascade = at("db2", 5432, &[]);
-        let members = [primary, cascade];
-        assert_eq!(
-            classify(&at("db1", 5432, &[]), &members, &[]),
-            Sender::Member
-        );
-        assert_eq!(
-            classify(&at("DB1", 5432, &[]), &members, &[]),
-            Sender::Member
-        );
-        assert_eq!(
-            classify(&at("db2", 5432, &[]), &members, &[]),
-            Sender::Member
-        );
-        // An IP address of the primary, resolved.
-        let by_address = at("10.0.0.1", 5432, &["10.0.0.1"]);
-        assert_eq!(classify(&by_address, &members, &[]), Sender::Member);
-        // The right name on another port is another server.
-        assert_eq!(
-            classify(&at("db1", 5433, &[]), &members, &[]),
-            Sender::Unknown
-        );
-        // A Unix socket: a server on this machine, told apart by its port.
-        assert_eq!(
-            classify(&at("/var/run/postgresql", 5432, &[]), &members, &[]),
-            Sender::Member
-        );
-        assert_eq!(
-            classify(&at("/tmp", 6000, &[]), &members, &[]),
-            Sender::Unknown
-        );
+        let members = [at("db1", 5432, &["10.0.0.1"]), at("db2", 5432, &[])];
+        for (sender, expected) in [
+            (at("db1", 5432, &[]), Sender::Member),
+            (at("DB1", 5432, &[]), Sender::Member),
+            (at("db2", 5432, &[]), Sender::Member),
+            // An IP address of the primary, resolved.
+            (at("10.0.0.1", 5432, &["10.0.0.1"]), Sender::Member),
+            // The right name on another port is another server.
+            (at("db1", 5433, &[]), Sender::Unknown),
+            // A Unix socket: a server on this machine, told apart by its port.
+            (at("/var/run/postgresql", 5432, &[]), Sender::Member),
+            (at("/tmp", 6000, &[]), Sender::Unknown),
+        ] {
+            assert_eq!(classify(&sender, &members, &[]), expected, "{sender:?}");
+        }
     }
 
     #[test]

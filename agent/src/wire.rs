@@ -433,15 +433,10 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let mut config = Config::new();
-        config
-            .host("127.0.0.1")
-            .hostaddr(addr.ip())
-            .port(addr.port());
-        config
-            .user("u")
-            .ssl_mode(tokio_postgres::config::SslMode::Disable);
-        let error = connect(&config, &MakeTls::plain()).await.err().unwrap();
+        let error = connect(&plain_config(addr), &MakeTls::plain())
+            .await
+            .err()
+            .unwrap();
         assert!(
             matches!(&error, ConnectError::Socket(e) if e.kind() == io::ErrorKind::ConnectionRefused),
             "{error}"
@@ -462,16 +457,23 @@ mod tests {
                 let _ = socket.read(&mut buf).await;
             }
         });
+        let error = connect(&plain_config(addr), &MakeTls::plain())
+            .await
+            .err()
+            .unwrap();
+        assert!(matches!(error, ConnectError::Postgres(_)), "{error}");
+    }
+
+    /// A session without TLS to `addr`, named localhost.
+    fn plain_config(addr: SocketAddr) -> Config {
         let mut config = Config::new();
         config
             .host("localhost")
             .hostaddr(addr.ip())
-            .port(addr.port());
-        config
+            .port(addr.port())
             .user("u")
             .ssl_mode(tokio_postgres::config::SslMode::Disable);
-        let error = connect(&config, &MakeTls::plain()).await.err().unwrap();
-        assert!(matches!(error, ConnectError::Postgres(_)), "{error}");
+        config
     }
 
     #[tokio::test]
