@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::{GlobalArgs, LogFormat};
 use crate::conninfo::{mask_password, ConnInfo};
 use crate::node::Side;
+use crate::walsender::SenderCheck;
 
 /// The default of `log_level`; also what main.rs logs with should a filter not parse.
 pub const DEFAULT_LOG_LEVEL: &str = "info";
@@ -95,6 +96,15 @@ config_keys! {
     member_conninfo: String [env = "CCM_MEMBER_CONNINFO", value_name = "CONNINFO"] masked with mask_password = "dbname=postgres",
     /// With patroni: also warm members tagged nofailover (or failover_priority 0).
     warm_nofailover: bool [env = "CCM_WARM_NOFAILOVER", value_name = "BOOL"] = false,
+    /// With https patroni URLs: the CA file (PEM) the REST API's certificate is verified
+    /// against, as Patroni's ctl.cacert; unset: the system's trust store.
+    patroni_cafile: String [env = "CCM_PATRONI_CAFILE", value_name = "FILE"],
+    /// With https patroni URLs: a client certificate (PEM) for a REST API that asks for one
+    /// (Patroni's restapi.verify_client), as Patroni's ctl.certfile.
+    patroni_certfile: String [env = "CCM_PATRONI_CERTFILE", value_name = "FILE"],
+    /// The key of patroni_certfile (PEM, not encrypted, mode 0600); unset: in the certificate
+    /// file.
+    patroni_keyfile: String [env = "CCM_PATRONI_KEYFILE", value_name = "FILE"],
     /// Time between cycle starts.
     interval: String [env = "CCM_INTERVAL", value_name = "DURATION"] = "1s",
     // Not 9187, postgres_exporter's port, which often runs on the same host.
@@ -125,6 +135,11 @@ config_keys! {
     statement_timeout: String [env = "CCM_STATEMENT_TIMEOUT", value_name = "DURATION"] = "30s",
     /// Cap of the reconnect backoff.
     max_backoff: String [env = "CCM_MAX_BACKOFF", value_name = "DURATION"] = "30s",
+    /// A standby whose WAL sender is no node the agent knows (a virtual IP, a Kubernetes
+    /// Service, a proxy): warn = warm it and warn once, strict = do not warm it, off = do not
+    /// compare senders. A sender that is a known node other than the primary or a warmed
+    /// standby is never warmed from.
+    wal_sender_check: SenderCheck [env = "CCM_WAL_SENDER_CHECK", value_enum] = SenderCheck::Warn,
 }
 
 impl RawConfig {
@@ -203,6 +218,8 @@ fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
 #[derive(Debug, Clone)]
 pub struct PatroniSource {
     pub urls: Vec<String>,
+    /// For https URLs.
+    pub tls: crate::patroni::ClientTls,
     /// Every member's connection options; the host and port come from Patroni.
     pub member: ConnInfo,
     pub warm_nofailover: bool,
@@ -222,6 +239,9 @@ pub struct Config {
     pub patroni_urls: Option<String>,
     pub member_conninfo: String,
     pub warm_nofailover: bool,
+    pub patroni_cafile: Option<PathBuf>,
+    pub patroni_certfile: Option<PathBuf>,
+    pub patroni_keyfile: Option<PathBuf>,
     pub interval: Duration,
     /// `None` when metrics are switched off.
     pub metrics_listen: Option<SocketAddr>,
@@ -236,6 +256,7 @@ pub struct Config {
     pub connect_timeout: Duration,
     pub statement_timeout: Duration,
     pub max_backoff: Duration,
+    pub wal_sender_check: SenderCheck,
 }
 
 impl Config {
@@ -259,6 +280,7 @@ impl Config {
                 })?
             };
         }
+        let patroni_tls = patroni_tls(&raw)?;
         let member_conninfo = value!(member_conninfo);
         let warm_nofailover = value!(warm_nofailover);
         let patroni_urls = raw.patroni.clone();
@@ -276,6 +298,7 @@ impl Config {
                     .map_err(|e| invalid("member_conninfo", e.to_string()))?;
                 let source = PatroniSource {
                     urls,
+                    tls: patroni_tls.clone(),
                     member: member.clone(),
                     warm_nofailover,
                 };
@@ -346,6 +369,9 @@ impl Config {
             patroni_urls,
             member_conninfo,
             warm_nofailover,
+            patroni_cafile: patroni_tls.cafile,
+            patroni_certfile: patroni_tls.certfile,
+            patroni_keyfile: patroni_tls.keyfile,
             interval,
             metrics_listen,
             log_format: value!(log_format),
@@ -358,6 +384,7 @@ impl Config {
             connect_timeout,
             statement_timeout,
             max_backoff,
+            wal_sender_check: value!(wal_sender_check),
         })
     }
 
@@ -370,6 +397,9 @@ impl Config {
             patroni: self.patroni_urls.clone(),
             member_conninfo: Some(self.member_conninfo.clone()),
             warm_nofailover: Some(self.warm_nofailover),
+            patroni_cafile: shown_path(&self.patroni_cafile),
+            patroni_certfile: shown_path(&self.patroni_certfile),
+            patroni_keyfile: shown_path(&self.patroni_keyfile),
             interval: Some(format_duration(self.interval)),
             metrics_listen: Some(match self.metrics_listen {
                 Some(addr) => addr.to_string(),
@@ -388,6 +418,7 @@ impl Config {
             connect_timeout: Some(format_duration(self.connect_timeout)),
             statement_timeout: Some(format_duration(self.statement_timeout)),
             max_backoff: Some(format_duration(self.max_backoff)),
+            wal_sender_check: Some(self.wal_sender_check),
         }
     }
 
@@ -489,6 +520,46 @@ fn patroni_url_list(text: &str) -> Result<Vec<String>, ConfigError> {
     Ok(urls)
 }
 
+/// `patroni_cafile`, `patroni_certfile` and `patroni_keyfile`: only with `patroni`, the
+/// key only with a certificate. The files are read per request (renewals need no restart);
+/// a missing one is told then, as for the connection strings' files.
+fn patroni_tls(raw: &RawConfig) -> Result<crate::patroni::ClientTls, ConfigError> {
+    let path = |value: &Option<String>| {
+        value
+            .as_deref()
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let tls = crate::patroni::ClientTls {
+        cafile: path(&raw.patroni_cafile),
+        certfile: path(&raw.patroni_certfile),
+        keyfile: path(&raw.patroni_keyfile),
+    };
+    if raw.patroni.is_none() {
+        for (key, set) in [
+            ("patroni_cafile", tls.cafile.is_some()),
+            ("patroni_certfile", tls.certfile.is_some()),
+            ("patroni_keyfile", tls.keyfile.is_some()),
+        ] {
+            if set {
+                return Err(invalid(key, "applies only with patroni"));
+            }
+        }
+    }
+    if tls.keyfile.is_some() && tls.certfile.is_none() {
+        return Err(invalid(
+            "patroni_keyfile",
+            "needs patroni_certfile (the certificate the key belongs to)",
+        ));
+    }
+    Ok(tls)
+}
+
+fn shown_path(path: &Option<PathBuf>) -> Option<String> {
+    path.as_ref().map(|p| p.display().to_string())
+}
+
 /// URLs with the password of their user info masked (http://user:****@host:8008).
 pub fn mask_urls(text: &str) -> String {
     text.split(',')
@@ -507,8 +578,23 @@ fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
     if d.is_zero() {
         return Err(invalid(key, "must be greater than zero"));
     }
+    if d > MAX_DURATION {
+        return Err(invalid(
+            key,
+            format!(
+                "\"{}\" is more than {}",
+                text.trim(),
+                format_duration(MAX_DURATION)
+            ),
+        ));
+    }
     Ok(d)
 }
+
+/// The longest any duration key may be: far above any sensible value, and low enough that
+/// `interval * 3`, `now + interval` and a statement_timeout in milliseconds (PostgreSQL's
+/// limit is 2147483647ms, about 24.8 days) cannot overflow (review L1).
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// A size as PostgreSQL writes one (`16MB`, `512kB`, `1GB`, bytes without a unit; units of
 /// 1024), or "off": None.
@@ -611,6 +697,87 @@ mod tests {
         match e {
             ConfigError::Invalid { key, .. } | ConfigError::Missing { key } => key,
             other => panic!("not a key error: {other}"),
+        }
+    }
+
+    /// Passwords holding "/", "?", "#" or "@" never reach check-config's output, the reload
+    /// log's list of changes, nor a validation error, for connection URIs and Patroni URLs.
+    #[test]
+    fn passwords_with_reserved_characters_never_print() {
+        for c in ['/', '?', '#', '@'] {
+            let secret = format!("p{c}ss9word");
+            let uri = |host: &str| format!("postgresql://ccm:{secret}@{host}:5432/postgres");
+            let url = format!("http://patroni:{secret}@10.0.0.1:8008");
+            let configs = [
+                RawConfig {
+                    primary: Some(uri("p")),
+                    standby: Some(uri("s")),
+                    ..Default::default()
+                },
+                RawConfig {
+                    patroni: Some(url.clone()),
+                    member_conninfo: Some(format!("user=ccm password='{secret}'")),
+                    ..Default::default()
+                },
+            ];
+            for raw in configs {
+                let mut printed = Vec::new();
+                match Config::validate(raw.clone()) {
+                    Ok(config) => {
+                        printed.push(config.to_toml_masked());
+                        let mut other = raw.clone();
+                        other.interval = Some("2s".into());
+                        let other = Config::validate(other).unwrap();
+                        printed.push(format!("{:?}", other.changes(&config)));
+                        printed.push(format!("{:?}", config.changes(&other)));
+                    }
+                    Err(e) => printed.push(e.to_string()),
+                }
+                printed.push(toml::to_string(&raw.clone().masked()).unwrap());
+                for text in printed {
+                    assert!(!text.contains("ss9word"), "{c}: {text}");
+                }
+            }
+        }
+        // Between two such passwords, the list of changes shows neither.
+        let old = Config::validate(RawConfig {
+            primary: Some("postgresql://ccm:a/b@p/postgres".into()),
+            standby: Some("host=s".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        let new = Config::validate(RawConfig {
+            primary: Some("postgresql://ccm:c?d@p/postgres".into()),
+            ..RawConfig {
+                standby: Some("host=s".into()),
+                ..Default::default()
+            }
+        })
+        .unwrap();
+        let changes = format!("{:?}", old.changes(&new));
+        assert!(
+            !changes.contains("a/b") && !changes.contains("c?d"),
+            "{changes}"
+        );
+    }
+
+    #[test]
+    fn absurd_durations_are_refused() {
+        for key in [
+            "interval",
+            "connect_timeout",
+            "statement_timeout",
+            "max_backoff",
+        ] {
+            let set = |value: &str| {
+                let mut table = table(&base());
+                table.insert(key.to_string(), toml::Value::String(value.to_string()));
+                Config::validate(RawConfig::from_toml(&table.to_string()).unwrap())
+            };
+            assert!(set("1day").is_ok(), "{key}");
+            let err = set("1day 1s").unwrap_err().to_string();
+            assert_eq!(err, format!("{key}: \"1day 1s\" is more than 1day"));
+            assert!(set("500000000years").is_err(), "{key}");
         }
     }
 
@@ -946,6 +1113,10 @@ mod tests {
             patroni: Some("http://a:8008,https://patroni:pw@b:8008".into()),
             member_conninfo: Some("user=ccm password=secret dbname=app".into()),
             warm_nofailover: Some(true),
+            patroni_cafile: Some("/etc/ccm-agent/rest-ca.crt".into()),
+            patroni_certfile: Some("/etc/ccm-agent/agent.crt".into()),
+            patroni_keyfile: Some("/etc/ccm-agent/agent.key".into()),
+            wal_sender_check: Some(SenderCheck::Strict),
         }
     }
 
@@ -956,6 +1127,9 @@ mod tests {
         [
             RawConfig {
                 patroni: None,
+                patroni_cafile: None,
+                patroni_certfile: None,
+                patroni_keyfile: None,
                 ..given.clone()
             },
             RawConfig {
@@ -1013,6 +1187,33 @@ mod tests {
         let source = c.patroni.as_ref().unwrap();
         assert_eq!(source.urls, ["http://a:8008", "https://patroni:pw@b:8008"]);
         assert!(source.warm_nofailover);
+        assert_eq!(
+            source.tls.cafile.as_deref(),
+            Some(Path::new("/etc/ccm-agent/rest-ca.crt"))
+        );
+        assert_eq!(
+            source.tls.keyfile.as_deref(),
+            Some(Path::new("/etc/ccm-agent/agent.key"))
+        );
+        // The REST API's TLS files belong to patroni, and a key to its certificate.
+        let err = Config::validate(RawConfig {
+            patroni_cafile: Some("/ca.crt".into()),
+            ..base()
+        })
+        .unwrap_err()
+        .to_string();
+        assert_eq!(err, "patroni_cafile: applies only with patroni");
+        let [_, patroni] = every_key_valid();
+        let err = Config::validate(RawConfig {
+            patroni_certfile: None,
+            ..patroni
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("patroni_keyfile: needs patroni_certfile"),
+            "{err}"
+        );
         let bad = RawConfig {
             patroni: Some("node1:8008".into()),
             ..Default::default()

@@ -22,7 +22,6 @@
 //!    to each in turn (with `tls::TlsSettings` for its TLS and the password file for its
 //!    password) and ask it `pg_is_in_recovery()`.
 
-use std::ffi::CStr;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -196,7 +195,9 @@ impl ConnInfo {
     }
 
     /// Parses with environment defaults from `env` (tests pass a fixed map). `HOME` and
-    /// `USER` are asked for too (the process's fall back to the password database).
+    /// `USER` are asked for too, meaning what libpq takes for them: the process answers
+    /// `HOME` from the variable, else the password database, and `USER` with the effective
+    /// user's name (never `$USER` or `$LOGNAME`; see `process_env`).
     pub fn parse_with_env(
         conninfo: &str,
         env: &dyn Fn(&str) -> Option<String>,
@@ -219,6 +220,20 @@ impl ConnInfo {
         let mut config: PgConfig = stripped
             .parse()
             .map_err(|e: tokio_postgres::Error| ConnInfoError::Invalid(e.to_string()))?;
+        if is_uri(conninfo)
+            && config
+                .get_hosts()
+                .iter()
+                .any(|h| matches!(h, Host::Tcp(h) if h.contains('@')))
+        {
+            // The user info ends at the first "@": what follows a literal "@" in a password
+            // became the host name, which messages would show. Say so without echoing it.
+            return Err(ConnInfoError::Invalid(
+                "a host name of the URI holds \"@\": an \"@\" in a user name or password must \
+                 be percent-encoded as %40"
+                    .to_string(),
+            ));
+        }
         apply_env_defaults(&mut config, env)?;
         let hosts = pair_hosts(&config)?;
         let load_balance_random = matches!(
@@ -389,41 +404,26 @@ impl ConnInfo {
     }
 }
 
-/// The process environment, with libpq's fallbacks for the home directory and the user name
-/// (the password database entry of the effective user).
+/// The process environment, with libpq's two fallbacks:
+/// - `HOME`: the variable, else the password database's entry for the user (libpq's
+///   pqGetHomeDirectory; `std::env::home_dir` looks up the real uid where libpq looks up the
+///   effective one, which differ only in a setuid program, which the agent is not);
+/// - `USER`: the effective user's name from the password database (libpq's
+///   pg_fe_getusername(geteuid()), via whoami): the default user name. libpq never reads
+///   `$USER` or `$LOGNAME`, which a `su` or `sudo` may have left naming someone else.
 fn process_env(key: &str) -> Option<String> {
-    let value = std::env::var(key).ok().filter(|v| !v.is_empty());
     match key {
-        "HOME" => value.or_else(|| passwd_entry().map(|(_, home)| home)),
-        "USER" => value.or_else(|| passwd_entry().map(|(name, _)| name)),
-        _ => value,
+        "HOME" => std::env::home_dir()
+            .filter(|home| !home.as_os_str().is_empty())
+            .map(|home| home.to_string_lossy().into_owned()),
+        "USER" => effective_user_name(),
+        _ => std::env::var(key).ok().filter(|v| !v.is_empty()),
     }
 }
 
-/// The effective user's name and home directory from the password database.
-fn passwd_entry() -> Option<(String, String)> {
-    let mut buf = vec![0 as libc::c_char; 16384];
-    // SAFETY: getpwuid_r writes only into `pwd` and `buf` (whose length it is given) and
-    // sets `result` to `&mut pwd` or null; the strings read below point into `buf`, which
-    // outlives them.
-    unsafe {
-        let mut pwd: libc::passwd = std::mem::zeroed();
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwuid_r(
-            libc::geteuid(),
-            &mut pwd,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut result,
-        );
-        if rc != 0 || result.is_null() || pwd.pw_name.is_null() || pwd.pw_dir.is_null() {
-            return None;
-        }
-        Some((
-            CStr::from_ptr(pwd.pw_name).to_string_lossy().into_owned(),
-            CStr::from_ptr(pwd.pw_dir).to_string_lossy().into_owned(),
-        ))
-    }
+/// The effective user's name, as libpq takes it for the default user name.
+fn effective_user_name() -> Option<String> {
+    whoami::username().ok().filter(|name| !name.is_empty())
 }
 
 /// libpq's environment fallbacks for what the string leaves out. tokio-postgres reads no
@@ -466,10 +466,7 @@ fn apply_env_defaults(
         }
     }
     if config.get_user().is_none() {
-        if let Some(user) = env("PGUSER")
-            .or_else(|| env("USER"))
-            .or_else(|| env("LOGNAME"))
-        {
+        if let Some(user) = env("PGUSER").or_else(|| env("USER")) {
             config.user(user);
         }
     }
@@ -666,12 +663,23 @@ pub fn strip_keys(
     Ok((join_key_values(&kept), removed))
 }
 
+/// Where a URI's query begins: at the first "?" after the user info, which tokio-postgres
+/// ends at the first "@" (so a password may hold a "?").
+fn query_start(uri: &str) -> Option<usize> {
+    let scheme_end = uri.find("://").map_or(0, |i| i + 3);
+    let after_userinfo = uri[scheme_end..]
+        .find('@')
+        .map_or(scheme_end, |at| scheme_end + at + 1);
+    uri[after_userinfo..].find('?').map(|i| after_userinfo + i)
+}
+
 /// Removes every parameter named in `names` from a URI's query; returns the URI and the
 /// removed pairs in order.
 fn strip_uri_params(uri: &str, names: &[&str]) -> (String, Vec<(String, String)>) {
-    let Some((base, query)) = uri.split_once('?') else {
+    let Some(start) = query_start(uri) else {
         return (uri.to_string(), Vec::new());
     };
+    let (base, query) = (&uri[..start], &uri[start + 1..]);
     let mut removed = Vec::new();
     let mut kept: Vec<&str> = Vec::new();
     for param in query.split('&').filter(|p| !p.is_empty()) {
@@ -691,22 +699,9 @@ fn strip_uri_params(uri: &str, names: &[&str]) -> (String, Vec<(String, String)>
 }
 
 fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// Splits a `key=value` connection string by libpq's rules: whitespace between pairs and
@@ -725,8 +720,16 @@ pub fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, ConnInfoError>
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
+            // A word after a secret's value is most likely the rest of an unquoted secret.
+            let after = match out.last() {
+                Some((previous, _)) if is_secret_key(previous) => format!(
+                    "the word after the value of \"{previous}\" (quote a value that holds \
+                     spaces)"
+                ),
+                _ => format!("\"{key}\""),
+            };
             return Err(ConnInfoError::Syntax(format!(
-                "missing \"=\" after \"{key}\" in connection info string"
+                "missing \"=\" after {after} in connection info string"
             )));
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
@@ -801,41 +804,62 @@ fn is_secret_key(key: &str) -> bool {
     key == "password" || key == "sslpassword"
 }
 
+/// A URL's user info and what follows it, given the part after `scheme://`, read so that
+/// no password is cut short. tokio-postgres (and libpq) end the user info at the first "@",
+/// so a password may hold "/", "?" or "#"; and what follows a literal "@" in a password
+/// would become the host name. So the user info runs from the start to the last "@" before
+/// the first "/" or "?" that follows the first "@". None without any "@".
+pub fn split_userinfo(rest: &str) -> Option<(&str, &str)> {
+    let first = rest.find('@')?;
+    let end = rest[first..]
+        .find(['/', '?'])
+        .map_or(rest.len(), |i| first + i);
+    let last = rest[..end].rfind('@')?;
+    Some((&rest[..last], &rest[last + 1..]))
+}
+
+/// User info with everything after its first ":" (the password) replaced by `mask`.
+pub fn mask_userinfo(userinfo: &str, mask: &str) -> String {
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:{mask}"),
+        None => userinfo.to_string(),
+    }
+}
+
 /// The string with any password replaced by `****`, for logs and `check-config`. The
 /// password file is named, never read, by anything that prints.
 pub fn mask_password(conninfo: &str) -> String {
     const MASK: &str = "****";
     if is_uri(conninfo) {
         let uri = conninfo.trim();
-        let scheme_end = uri.find("://").map(|i| i + 3).unwrap_or(0);
-        let rest = &uri[scheme_end..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let authority = &rest[..authority_end];
-        let masked_authority = match authority.rfind('@') {
-            Some(at) => {
-                let userinfo = &authority[..at];
-                match userinfo.split_once(':') {
-                    Some((user, _)) => format!("{user}:{MASK}{}", &authority[at..]),
-                    None => authority.to_string(),
-                }
-            }
-            None => authority.to_string(),
+        let (scheme, rest) = uri.split_at(uri.find("://").map_or(0, |i| i + 3));
+        let (userinfo, after) = match split_userinfo(rest) {
+            Some((userinfo, after)) => (format!("{}@", mask_userinfo(userinfo, MASK)), after),
+            None => (String::new(), rest),
         };
-        let tail = &rest[authority_end..];
-        let tail = match tail.split_once('?') {
+        let after = match after.split_once('?') {
             Some((path, query)) => {
+                // A parameter without "=" after a secret one is the rest of its value.
+                let mut in_secret = false;
                 let params: Vec<String> = query
                     .split('&')
                     .map(|p| match p.split_once('=') {
-                        Some((k, _)) if is_secret_key(&percent_decode(k)) => format!("{k}={MASK}"),
-                        _ => p.to_string(),
+                        Some((k, _)) if is_secret_key(&percent_decode(k)) => {
+                            in_secret = true;
+                            format!("{k}={MASK}")
+                        }
+                        None if in_secret => MASK.to_string(),
+                        _ => {
+                            in_secret = false;
+                            p.to_string()
+                        }
                     })
                     .collect();
                 format!("{path}?{}", params.join("&"))
             }
-            None => tail.to_string(),
+            None => after.to_string(),
         };
-        return format!("{}{masked_authority}{tail}", &uri[..scheme_end]);
+        return format!("{scheme}{userinfo}{after}");
     }
     match parse_key_values(conninfo) {
         Ok(pairs) => {
@@ -1112,6 +1136,82 @@ mod tests {
             "postgres://h/db?user=u&password=****&sslmode=disable"
         );
         assert!(!mask_password("host='unterminated password=secret").contains("secret"));
+    }
+
+    /// tokio-postgres ends a URI's user info at the first "@" anywhere, so these connect
+    /// with the password `p<c>ss`: it is hidden whole, and the rest of the URI still reads
+    /// (the query after the password's "?" included).
+    #[test]
+    fn masks_passwords_holding_reserved_characters() {
+        for c in ['/', '?', '#', ':'] {
+            let uri = format!("postgresql://u:p{c}ss@h:5/db?sslmode=disable&application_name=x");
+            assert_eq!(
+                mask_password(&uri),
+                "postgresql://u:****@h:5/db?sslmode=disable&application_name=x",
+                "{uri}"
+            );
+            let info = parse(&uri);
+            assert_eq!(info.tls().mode, SslMode::Disable, "{uri}: sslmode stripped");
+            let config = info.host_config(&info.hosts()[0], "ccm-agent", Duration::from_secs(1));
+            assert_eq!(
+                config.get_password(),
+                Some(format!("p{c}ss").as_bytes()),
+                "{uri}"
+            );
+            assert_eq!(config.get_hosts(), &[Host::Tcp("h".into())], "{uri}");
+        }
+        // A literal "@": what follows it would be the host; masked whole, and refused by
+        // a message that quotes none of it.
+        let uri = "postgresql://u:p@ss9@h:5/db";
+        assert_eq!(mask_password(uri), "postgresql://u:****@h:5/db");
+        let e = ConnInfo::parse_with_env(uri, &no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("ss9"), "{e}");
+        assert!(e.contains("%40"), "{e}");
+        // No user info at all, an "@" in a parameter: nothing to hide, nothing hidden.
+        assert_eq!(
+            mask_password("postgresql://h/db?application_name=a@b"),
+            "postgresql://h/db?application_name=a@b"
+        );
+        // A "&" in an unencoded password parameter: the rest of it is hidden too.
+        assert_eq!(
+            mask_password("postgresql://h/db?password=se&cret&sslmode=require"),
+            "postgresql://h/db?password=****&****&sslmode=require"
+        );
+        // An unquoted password with a space: the word after it is not echoed.
+        let e = ConnInfo::parse_with_env("host=a password=se cret9", &no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("cret9"), "{e}");
+        assert!(e.contains("after the value of \"password\""), "{e}");
+    }
+
+    #[test]
+    fn the_user_info_ends_at_the_last_at_sign_of_the_authority() {
+        assert_eq!(split_userinfo("u:p@h/db"), Some(("u:p", "h/db")));
+        assert_eq!(split_userinfo("u:p/s@h/db"), Some(("u:p/s", "h/db")));
+        assert_eq!(
+            split_userinfo("u:p@s@h/db?x=@"),
+            Some(("u:p@s", "h/db?x=@"))
+        );
+        assert_eq!(split_userinfo("h/db"), None);
+        assert_eq!(mask_userinfo("u:a:b", "*"), "u:*");
+        assert_eq!(mask_userinfo("u", "*"), "u");
+    }
+
+    #[test]
+    fn the_default_user_is_the_effective_users_name() {
+        // libpq: PGUSER, else the effective user's name; never $USER or $LOGNAME.
+        static LOGNAME_ONLY: &[(&str, &str)] = &[("LOGNAME", "someone-else")];
+        let c = ConnInfo::parse_with_env("host=a", &env_of(LOGNAME_ONLY)).unwrap();
+        assert_eq!(c.user(), None);
+        static OS_USER: &[(&str, &str)] = &[("USER", "from-passwd")];
+        let c = ConnInfo::parse_with_env("host=a", &env_of(OS_USER)).unwrap();
+        assert_eq!(c.user(), Some("from-passwd"));
+        // The process answers USER from the password database, whatever $USER says.
+        assert_eq!(process_env("USER"), effective_user_name());
+        assert!(process_env("USER").is_some(), "this test's user has a name");
     }
 
     #[test]

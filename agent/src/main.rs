@@ -20,7 +20,9 @@ mod sync;
 mod tls;
 mod topology;
 mod wait;
+mod walsender;
 mod wire;
+mod x509;
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
         }
     };
     let set_log_level = init_logging(&cfg);
+    log_panics();
 
     // Two workers: the machine this runs beside a database should give the database its cores.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -80,6 +83,35 @@ fn main() -> ExitCode {
     let code = runtime.block_on(async_main(cli, Arc::new(cfg), set_log_level));
     runtime.shutdown_timeout(Duration::from_millis(500));
     code
+}
+
+/// Panics go to the log as one error event (a JSON object under `--log-format json`, where
+/// the default hook's plain text would break the stream), with where and, when
+/// RUST_BACKTRACE asks for it, the backtrace.
+fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let message = panic_message(info.payload());
+        let location = info.location().map(ToString::to_string).unwrap_or_default();
+        let thread = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_string();
+        let backtrace = std::backtrace::Backtrace::capture();
+        if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+            error!(%location, %thread, %backtrace, "panic: {message}");
+        } else {
+            error!(%location, %thread, "panic: {message}");
+        }
+    }));
+}
+
+/// A panic's message, whether it was a literal or formatted.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| text.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string())
 }
 
 /// Starts logging; returns what changes the log filter of the running process (SIGHUP).
@@ -140,7 +172,9 @@ async fn async_main(cli: Cli, cfg: Arc<Config>, set_log_level: reload::SetLogLev
     }
 }
 
-/// SIGTERM or SIGINT cancels everything; a second one exits at once.
+/// SIGTERM or SIGINT cancels everything, and the command ends as it would have (0 for a
+/// clean stop of `run`); a second one exits at once, with the shell's code for the signal
+/// (143 for SIGTERM, 130 for SIGINT).
 fn spawn_signal_handler(cancel: CancellationToken) {
     tokio::spawn(async move {
         let mut term =
@@ -152,16 +186,16 @@ fn spawn_signal_handler(cancel: CancellationToken) {
                 }
             };
         for n in 0.. {
-            let name = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                r = tokio::signal::ctrl_c() => { if r.is_err() { return; } "SIGINT" }
+            let (name, code) = tokio::select! {
+                _ = term.recv() => ("SIGTERM", 128 + 15),
+                r = tokio::signal::ctrl_c() => { if r.is_err() { return; } ("SIGINT", 128 + 2) }
             };
             if n == 0 {
                 info!("{name} received; shutting down");
                 cancel.cancel();
             } else {
                 warn!("{name} received again; exiting now");
-                std::process::exit(130);
+                std::process::exit(code);
             }
         }
     });
@@ -373,4 +407,19 @@ async fn check_config(
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panic_messages_are_read_either_way() {
+        let literal: Box<dyn std::any::Any + Send> = Box::new("index out of bounds");
+        assert_eq!(panic_message(&*literal), "index out of bounds");
+        let formatted: Box<dyn std::any::Any + Send> = Box::new(format!("bad value {}", 7));
+        assert_eq!(panic_message(&*formatted), "bad value 7");
+        let other: Box<dyn std::any::Any + Send> = Box::new(42u8);
+        assert_eq!(panic_message(&*other), "(no message)");
+    }
 }

@@ -26,7 +26,7 @@ use serde::Serialize;
 use tokio_postgres::config::{Host, SslMode as PgSslMode};
 use tokio_postgres::error::{DbError, Severity, SqlState};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, Client, Connection, Row, Socket, Statement};
+use tokio_postgres::{AsyncMessage, Client, Row, Statement};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
@@ -34,8 +34,8 @@ use ccm_codec::BlockList;
 
 use crate::conninfo::{ConnInfo, HostSpec};
 use crate::feed::FeedAnswer;
-use crate::tls::{Failure, MakeTls, SslMode, TlsStream};
-use crate::wire::{self, SocketCounter};
+use crate::tls::{Failure, MakeTls, SslMode};
+use crate::wire::{self, ConnectError, PgConnection, Wire};
 
 pub const APPLICATION_NAME: &str = "ccm-agent";
 
@@ -115,6 +115,10 @@ pub enum NodeError {
         then_how: &'static str,
         then: Box<NodeError>,
     },
+    /// The socket could not be opened (resolve, connect, socket options): tokio-postgres'
+    /// words for it, "error connecting to server: ...".
+    #[error("{host}: cannot connect: error connecting to server: {error}")]
+    Socket { host: String, error: std::io::Error },
     #[error("{host}: connection attempt timed out after {}", humantime::format_duration(*.after))]
     ConnectTimeout { host: String, after: Duration },
     #[error("extension pg_ccm is not installed in database {database} on {host}; run CREATE EXTENSION pg_ccm on the primary")]
@@ -472,8 +476,8 @@ pub struct Node {
     /// The seq of the last change-feed answer applied from this session (0: none yet). A new
     /// session starts at 0, so its first call resets the node's feed.
     pub feed_after: i64,
-    /// The session's TCP socket, for the bytes it carried (None: not found, see wire.rs).
-    wire: Option<SocketCounter>,
+    /// The session's socket: the bytes it carried, where its cancel requests go (wire.rs).
+    wire: Wire,
 }
 
 impl fmt::Debug for Node {
@@ -486,7 +490,8 @@ impl fmt::Debug for Node {
     }
 }
 
-type PgConnection = Connection<Socket, TlsStream<Socket>>;
+/// A session just made: its client, its connection, the TLS it was made with, its socket.
+type Established = (Client, PgConnection, MakeTls, Wire);
 
 /// One host's connection attempts, by libpq's `sslmode` rules.
 struct Session<'a> {
@@ -513,7 +518,7 @@ fn refused_before_auth(error: &tokio_postgres::Error) -> bool {
 }
 
 impl Session<'_> {
-    async fn establish(&self) -> Result<(Client, PgConnection, MakeTls), NodeError> {
+    async fn establish(&self) -> Result<Established, NodeError> {
         // libpq asks for no TLS over a Unix socket (the server would refuse it anyway).
         let mode = match self.host.host {
             #[cfg(unix)]
@@ -572,7 +577,7 @@ impl Session<'_> {
         first: NodeError,
         then_how: &'static str,
         mode: PgSslMode,
-    ) -> Result<(Client, PgConnection, MakeTls), NodeError> {
+    ) -> Result<Established, NodeError> {
         let tls = match mode {
             PgSslMode::Disable => MakeTls::plain(),
             _ => self.info.tls().connector_deferring_errors(self.host),
@@ -586,21 +591,18 @@ impl Session<'_> {
             })
     }
 
-    async fn attempt(
-        &self,
-        mode: PgSslMode,
-        tls: MakeTls,
-    ) -> Result<(Client, PgConnection, MakeTls), NodeError> {
+    async fn attempt(&self, mode: PgSslMode, tls: MakeTls) -> Result<Established, NodeError> {
         let mut config = self.config.clone();
         config.ssl_mode(mode);
         let label = self.label.to_string();
-        match tokio::time::timeout(self.timeout, config.connect(tls.clone())).await {
+        match tokio::time::timeout(self.timeout, wire::connect(&config, &tls)).await {
             Err(_) => Err(NodeError::ConnectTimeout {
                 host: label,
                 after: self.timeout,
             }),
-            Ok(Ok((client, connection))) => Ok((client, connection, tls)),
-            Ok(Err(error)) => Err(attempt_error(
+            Ok(Ok((client, connection, wire))) => Ok((client, connection, tls, wire)),
+            Ok(Err(ConnectError::Socket(error))) => Err(NodeError::Socket { host: label, error }),
+            Ok(Err(ConnectError::Postgres(error))) => Err(attempt_error(
                 label,
                 error,
                 &tls,
@@ -689,12 +691,10 @@ impl Node {
             passfile,
             timeout: options.connect_timeout,
         };
-        let sockets_before = wire::sockets_to(host.port);
-        let (client, mut connection, tls) = tokio::select! {
+        let (client, mut connection, tls, wire) = tokio::select! {
             _ = cancel.cancelled() => return Err(NodeError::Cancelled),
             r = session.establish() => r?,
         };
-        let wire = SocketCounter::find(host.port, &sockets_before);
         // The connection object does the I/O; it ends by itself when the client is dropped.
         let conn_label = label.clone();
         tokio::spawn(async move {
@@ -760,10 +760,9 @@ impl Node {
         self.host.to_string()
     }
 
-    /// Bytes the session sent and received since the last call, as the kernel counts them
-    /// (None when its socket was not found or is gone).
+    /// Bytes the session sent and received on its socket since the last call.
     pub fn wire_bytes(&mut self) -> Option<(u64, u64)> {
-        self.wire.as_mut()?.take()
+        Some(self.wire.take())
     }
 
     pub fn role(&self) -> &'static str {
@@ -831,7 +830,7 @@ impl Node {
     async fn cancel_running<T>(&self, call: std::pin::Pin<&mut impl Future<Output = T>>) {
         let token = self.client.cancel_token();
         let cancelled =
-            tokio::time::timeout(CANCEL_GRACE, token.cancel_query(self.tls.clone())).await;
+            tokio::time::timeout(CANCEL_GRACE, self.wire.cancel(&token, self.tls.clone())).await;
         if matches!(cancelled, Ok(Ok(()))) {
             let _ = tokio::time::timeout(CANCEL_GRACE, call).await;
         }

@@ -9,9 +9,13 @@
 //! when they are set, so a `failover_priority` of 0 or less means "never leader" just as
 //! `nofailover` does (Patroni 4's rule for an absent `nofailover`).
 //!
-//! The client is HTTP/1.1 over hyper's connection API on a tokio `TcpStream`, or on rustls for
-//! `https` (the system's trust store via rustls-native-certs, which honours `SSL_CERT_FILE` and
-//! `SSL_CERT_DIR`; host names verified; loaded once per process). Everything from the network
+//! The client is HTTP/1.1 over hyper's connection API on a tokio `TcpStream`, or for `https`
+//! on the agent's own TLS code (tls.rs, as for `sslmode=verify-full`): the REST API's
+//! certificate is verified against `patroni_cafile`, else the system's trust store, with its
+//! host name; `patroni_certfile` and `patroni_keyfile` (the key may be in the certificate
+//! file, as Patroni's own `ctl.certfile` allows) answer a REST API that asks for a client
+//! certificate (`restapi.verify_client`). Files are read per request, so renewed ones need no
+//! restart. Everything from the network
 //! is bounded: each URL gets the whole `timeout` for resolve + connect + TLS + response, the
 //! body is capped at `MAX_BODY`, any status but 200 and any malformed document are errors, and
 //! the caller's `CancellationToken` ends the call at once. A URL's userinfo becomes a Basic
@@ -19,24 +23,30 @@
 
 use std::fmt::{self, Write as _};
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper::header::{
     HeaderValue, ACCEPT, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, HOST, USER_AGENT,
 };
-use hyper::{Request, StatusCode};
+use hyper::{Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::ServerName;
-use rustls::{ClientConfig, RootCertStore};
+use percent_encoding::percent_decode_str;
 use serde_json::{Map, Value};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
+use tokio_postgres::config::Host;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
+
+use crate::conninfo::{mask_userinfo, split_userinfo, HostSpec};
+use crate::tls::{Failure, MakeTls, SslMode, TlsSettings, TlsStream};
 
 /// The largest `/cluster` body accepted; a real one is a few hundred bytes per member.
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
@@ -187,6 +197,57 @@ fn exclusion(member: &Member, include_nofailover: bool) -> Option<&'static str> 
     tags.or_else(|| member.unreachable())
 }
 
+/// TLS for `https` URLs, after Patroni's own client settings (`ctl.cacert`, `ctl.certfile`,
+/// `ctl.keyfile`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientTls {
+    /// The CA file the REST API's certificate is verified against (None: the system's).
+    pub cafile: Option<PathBuf>,
+    /// A client certificate for a REST API that asks for one.
+    pub certfile: Option<PathBuf>,
+    /// Its key (None: in the certificate file); 0600, or 0640 owned by root, as libpq asks.
+    pub keyfile: Option<PathBuf>,
+}
+
+impl ClientTls {
+    /// The connector for `host`, as `sslmode=verify-full` makes it. Files are read now.
+    fn connector(&self, host: &str, port: u16) -> Result<MakeTls, String> {
+        if let Some(cert) = &self.certfile {
+            // libpq skips a missing certificate file; a configured one must be there.
+            std::fs::metadata(cert).map_err(|e| {
+                format!(
+                    "could not read certificate file \"{}\": {e}",
+                    cert.display()
+                )
+            })?;
+        }
+        let settings = TlsSettings {
+            mode: SslMode::VerifyFull,
+            rootcert: Some(match &self.cafile {
+                Some(file) => file.display().to_string(),
+                None => "system".to_string(),
+            }),
+            cert: self.certfile.clone(),
+            key: self.keyfile.clone().or_else(|| self.certfile.clone()),
+            sni: true,
+            home: None,
+        };
+        let host = HostSpec {
+            host: Some(Host::Tcp(host.to_string())),
+            hostaddr: None,
+            port,
+        };
+        settings
+            .connector_with_alpn(&host, b"http/1.1")
+            .map_err(|e| patroni_words(&e.to_string()))
+    }
+}
+
+/// tls.rs speaks of libpq's keys; here the keys are the agent's.
+fn patroni_words(message: &str) -> String {
+    message.replace("(sslrootcert=system)", "(patroni_cafile not set)")
+}
+
 /// Errors of this module. Every message is complete in itself (no `source()`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PatroniError {
@@ -230,14 +291,16 @@ pub fn validate_url(url: &str) -> Result<(), PatroniError> {
 /// `timeout` in all; the failures of every URL make up the error when none answers.
 pub async fn fetch_cluster(
     urls: &[String],
+    tls: &ClientTls,
     timeout: Duration,
     cancel: &CancellationToken,
 ) -> Result<Cluster, PatroniError> {
-    fetch_cluster_limited(urls, timeout, cancel, MAX_BODY).await
+    fetch_cluster_limited(urls, tls, timeout, cancel, MAX_BODY).await
 }
 
 async fn fetch_cluster_limited(
     urls: &[String],
+    tls: &ClientTls,
     timeout: Duration,
     cancel: &CancellationToken,
     limit: usize,
@@ -253,7 +316,7 @@ async fn fetch_cluster_limited(
         let outcome = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Err(PatroniError::Cancelled),
-            outcome = try_url(url, timeout, limit) => outcome,
+            outcome = try_url(url, tls, timeout, limit) => outcome,
         };
         match outcome {
             Ok(cluster) => return Ok(cluster),
@@ -267,10 +330,15 @@ async fn fetch_cluster_limited(
 }
 
 /// One URL, start to end; the error is "url: reason".
-async fn try_url(url: &str, timeout: Duration, limit: usize) -> Result<Cluster, String> {
+async fn try_url(
+    url: &str,
+    tls: &ClientTls,
+    timeout: Duration,
+    limit: usize,
+) -> Result<Cluster, String> {
     let target =
         Target::parse(url).map_err(|reason| format!("{}: invalid URL: {reason}", mask_url(url)))?;
-    let body = match tokio::time::timeout(timeout, get(&target, limit)).await {
+    let body = match tokio::time::timeout(timeout, get(&target, tls, limit)).await {
         Ok(result) => result,
         Err(_) => Err(format!(
             "timed out after {}",
@@ -307,169 +375,119 @@ struct Target {
 }
 
 impl Target {
+    /// Parses with `http::Uri` (RFC 3986). Messages never quote the URL's authority, which may
+    /// hold a password; the caller names the URL through `mask_url`.
     fn parse(url: &str) -> Result<Target, String> {
         let url = url.trim();
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| "expected http://host:port or https://host:port".to_string())?;
-        let tls = match scheme.to_ascii_lowercase().as_str() {
-            "http" => false,
-            "https" => true,
-            _ => {
-                return Err(format!(
-                    "unsupported scheme \"{scheme}\" (expected http or https)"
-                ))
-            }
-        };
+        let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        if rest[..authority_end].matches('@').count() > 1 || rest[authority_end..].contains('@') {
+            // RFC 3986 would end the user info elsewhere than its writer meant (and than
+            // mask_url does), sending part of the password as the host or the path.
+            return Err(
+                "a \"/\", \"?\", \"#\" or \"@\" in the user name or password must be \
+                        percent-encoded"
+                    .to_string(),
+            );
+        }
         if rest.contains(['?', '#']) {
             return Err("a query or fragment is not supported".to_string());
         }
-        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        let (userinfo, hostport) = match authority.rsplit_once('@') {
-            Some((userinfo, hostport)) => (Some(userinfo), hostport),
-            None => (None, authority),
+        let uri: Uri = url
+            .parse()
+            .map_err(|e: hyper::http::uri::InvalidUri| format!("not a valid URL ({e})"))?;
+        let tls = match uri.scheme_str() {
+            Some(s) if s.eq_ignore_ascii_case("http") => false,
+            Some(s) if s.eq_ignore_ascii_case("https") => true,
+            Some(other) => {
+                return Err(format!(
+                    "unsupported scheme \"{other}\" (expected http or https)"
+                ))
+            }
+            None => return Err("expected http://host:port or https://host:port".to_string()),
         };
-        let (host, port) = split_host_port(hostport, if tls { 443 } else { 80 })?;
-        let base_path = path.trim_end_matches('/');
-        let path = format!("{base_path}/cluster");
-        hyper::http::uri::PathAndQuery::try_from(path.as_str())
-            .map_err(|_| format!("invalid path \"{base_path}\""))?;
-        HeaderValue::from_str(hostport).map_err(|_| format!("invalid host \"{hostport}\""))?;
-        let authorization = userinfo.map(basic_authorization);
-        let shown = format!(
-            "{}://{}{hostport}{base_path}",
-            scheme.to_ascii_lowercase(),
-            userinfo
-                .map(|u| format!("{}@", mask_userinfo(u)))
-                .unwrap_or_default()
-        );
+        let authority = uri
+            .authority()
+            .ok_or_else(|| "missing host name".to_string())?;
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        if host.is_empty() {
+            return Err("missing host name".to_string());
+        }
+        let (userinfo, host_header) = match authority.as_str().rsplit_once('@') {
+            Some((userinfo, hostport)) => (Some(userinfo), hostport),
+            None => (None, authority.as_str()),
+        };
+        // Read here, not with port_u16(), which takes a port above 65535 for none at all.
+        let port_text = match host_header.rfind(']') {
+            Some(bracket) => host_header[bracket + 1..].strip_prefix(':'),
+            None => host_header.rsplit_once(':').map(|(_, port)| port),
+        };
+        let port = match port_text {
+            None | Some("") => {
+                if tls {
+                    443
+                } else {
+                    80
+                }
+            }
+            Some(text) => match text.parse::<u16>() {
+                Ok(port) if port != 0 => port,
+                _ => return Err("invalid port (expected a number from 1 to 65535)".to_string()),
+            },
+        };
+        let base_path = uri.path().trim_end_matches('/');
+        let scheme = if tls { "https" } else { "http" };
         Ok(Target {
             tls,
-            host,
+            host: host.to_string(),
             port,
-            host_header: hostport.to_string(),
-            path,
-            authorization,
-            shown,
+            host_header: host_header.to_string(),
+            path: format!("{base_path}/cluster"),
+            authorization: userinfo.map(basic_authorization),
+            shown: format!(
+                "{scheme}://{}{host_header}{base_path}",
+                userinfo
+                    .map(|u| format!("{}@", mask_userinfo(u, MASK)))
+                    .unwrap_or_default()
+            ),
         })
     }
 }
 
-/// `host`, `host:port`, `[v6]` or `[v6]:port` → (host without brackets, port).
-fn split_host_port(hostport: &str, default_port: u16) -> Result<(String, u16), String> {
-    let (host, port) = if let Some(bracketed) = hostport.strip_prefix('[') {
-        let (host, after) = bracketed
-            .split_once(']')
-            .ok_or_else(|| format!("invalid host \"{hostport}\" (missing \"]\")"))?;
-        match after {
-            "" => (host, None),
-            _ => match after.strip_prefix(':') {
-                Some(port) => (host, Some(port)),
-                None => return Err(format!("invalid host \"{hostport}\"")),
-            },
-        }
-    } else {
-        match hostport.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (hostport, None),
-        }
-    };
-    if host.is_empty() {
-        return Err("missing host name".to_string());
-    }
-    let port = match port {
-        None => default_port,
-        Some(text) => match text.parse::<u16>() {
-            Ok(port) if port != 0 => port,
-            _ => return Err(format!("invalid port \"{text}\"")),
-        },
-    };
-    Ok((host.to_string(), port))
-}
+/// What stands for a password in messages.
+const MASK: &str = "***";
 
-/// The URL with its password (if any) replaced by `***`; safe to log.
+/// The URL with its password (if any) replaced by `***`; safe to log. The user info is read
+/// as `conninfo::split_userinfo` reads it, so a password holding "/", "?", "#" or "@" is
+/// hidden whole (such a URL is refused by `Target::parse` anyway).
 pub fn mask_url(url: &str) -> String {
-    let (prefix, rest) = match url.find("://") {
-        Some(at) => url.split_at(at + 3),
-        None => ("", url),
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hostport)) => {
-            format!("{prefix}{}@{hostport}{tail}", mask_userinfo(userinfo))
-        }
+    let (prefix, rest) = url.split_at(url.find("://").map_or(0, |at| at + 3));
+    match split_userinfo(rest) {
+        Some((userinfo, after)) => format!("{prefix}{}@{after}", mask_userinfo(userinfo, MASK)),
         None => url.to_string(),
-    }
-}
-
-fn mask_userinfo(userinfo: &str) -> String {
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{user}:***"),
-        None => userinfo.to_string(),
     }
 }
 
 /// `Basic base64(user:password)`, both percent-decoded.
 fn basic_authorization(userinfo: &str) -> String {
     let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-    let mut credentials = percent_decode(user);
+    let mut credentials: Vec<u8> = percent_decode_str(user).collect();
     credentials.push(b':');
-    credentials.extend(percent_decode(password));
-    format!("Basic {}", base64(&credentials))
-}
-
-fn percent_decode(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
-fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for (k, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
-            if k <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    credentials.extend(percent_decode_str(password));
+    format!("Basic {}", BASE64.encode(credentials))
 }
 
 // ---------------------------------------------------------------------------------------------
 // HTTP
 
 /// GET the target's `/cluster` and return the body of a 200 response.
-async fn get(target: &Target, limit: usize) -> Result<Bytes, String> {
+async fn get(target: &Target, tls: &ClientTls, limit: usize) -> Result<Bytes, String> {
     let tcp = connect(&target.host, target.port).await?;
     if target.tls {
-        let tls = tls_handshake(&target.host, tcp).await?;
+        let tls = tls_handshake(target, tcp, tls).await?;
         exchange(tls, target, limit).await
     } else {
         exchange(tcp, target, limit).await
@@ -499,52 +517,23 @@ async fn connect(host: &str, port: u16) -> Result<TcpStream, String> {
     })
 }
 
+/// The TLS session, or why not in libpq's words ("certificate verify failed: ...").
 async fn tls_handshake(
-    host: &str,
+    target: &Target,
     tcp: TcpStream,
-) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
-    let name = ServerName::try_from(host.to_string())
-        .map_err(|_| format!("\"{host}\" is not a valid TLS server name"))?;
-    let connector = tokio_rustls::TlsConnector::from(tls_config()?);
-    connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("TLS handshake failed: {}", describe_io(&e)))
-}
-
-/// The client configuration for https: the system's trust store, no client certificate.
-/// Built on first use and kept (a failure is not kept: the next call tries again).
-fn tls_config() -> Result<Arc<ClientConfig>, String> {
-    static CONFIG: Mutex<Option<Arc<ClientConfig>>> = Mutex::new(None);
-    let mut slot = CONFIG
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(config) = slot.as_ref() {
-        return Ok(config.clone());
+    tls: &ClientTls,
+) -> Result<TlsStream<TcpStream>, String> {
+    let mut make = tls.connector(&target.host, target.port)?;
+    let connector = <MakeTls as MakeTlsConnect<TcpStream>>::make_tls_connect(&mut make, "")
+        .map_err(|e| format!("could not set up TLS: {e}"))?;
+    match connector.connect(tcp).await {
+        Ok(stream) => Ok(stream),
+        Err(e) => Err(patroni_words(&match make.failure() {
+            Some(Failure::Verify(reason)) => format!("certificate verify failed: {reason}"),
+            Some(Failure::Setup(reason)) => reason,
+            None => format!("TLS handshake failed: {}", describe_io(&e)),
+        })),
     }
-    let loaded = rustls_native_certs::load_native_certs();
-    let mut roots = RootCertStore::empty();
-    let (added, _) = roots.add_parsable_certificates(loaded.certs);
-    if added == 0 {
-        let why = loaded
-            .errors
-            .first()
-            .map(|e| e.to_string())
-            .unwrap_or_else(|| "no certificate found".to_string());
-        return Err(format!(
-            "could not load the system's root certificates: {why}"
-        ));
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("could not set up TLS: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let config = Arc::new(config);
-    *slot = Some(config.clone());
-    Ok(config)
 }
 
 /// Aborts the connection task when the request is over, finished or dropped (timeout).
@@ -1024,20 +1013,28 @@ mod tests {
                 "ftp://node1",
                 "unsupported scheme \"ftp\" (expected http or https)",
             ),
-            ("http://:8008", "missing host name"),
-            ("http://node1:0", "invalid port \"0\""),
-            ("http://node1:80a", "invalid port \"80a\""),
             (
-                "http://[::1:8008",
-                "invalid host \"[::1:8008\" (missing \"]\")",
+                "http://node1:0",
+                "invalid port (expected a number from 1 to 65535)",
+            ),
+            (
+                "http://node1:65536",
+                "invalid port (expected a number from 1 to 65535)",
             ),
             (
                 "http://node1:8008/cluster?x=1",
                 "a query or fragment is not supported",
             ),
-            ("http://node1:8008/a b", "invalid path \"/a b\""),
         ] {
             assert_eq!(Target::parse(url).unwrap_err(), reason, "{url}");
+        }
+        for url in [
+            "http://:8008",
+            "http://[::1:8008",
+            "http://node1:8008/a b",
+            "http://node1:80a",
+        ] {
+            assert!(Target::parse(url).is_err(), "{url}");
         }
         let error = validate_url("gopher://u:pw@h").unwrap_err();
         assert_eq!(
@@ -1055,20 +1052,65 @@ mod tests {
         assert_eq!(mask_url("http://a:b:c@d@h"), "http://a:***@h");
     }
 
+    /// Passwords holding "/", "?", "#" or "@" are hidden whole by mask_url, and such URLs
+    /// are refused with a message that quotes none of the authority, in every place a
+    /// Patroni URL is printed.
     #[test]
-    fn encodes_base64() {
-        for (input, output) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("fooba", "Zm9vYmE="),
-            ("foobar", "Zm9vYmFy"),
-        ] {
-            assert_eq!(base64(input.as_bytes()), output);
+    fn passwords_with_reserved_characters_never_print() {
+        for c in ['/', '?', '#', '@', ':'] {
+            let url = format!("http://patroni:pa{c}ss9word@10.0.0.1:8008/x");
+            assert_eq!(
+                mask_url(&url),
+                "http://patroni:***@10.0.0.1:8008/x",
+                "{url}"
+            );
+            let shown = validate_url(&url)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(!shown.contains("ss9word"), "{shown}");
+            match Target::parse(&url) {
+                Ok(target) => assert_eq!(target.shown, "http://patroni:***@10.0.0.1:8008/x"),
+                Err(reason) => {
+                    assert!(
+                        !reason.contains("ss9") && !reason.contains("10.0.0.1"),
+                        "{reason}"
+                    )
+                }
+            }
         }
-        assert_eq!(percent_decode("a%2Fb%zz%4"), b"a/b%zz%4");
+        // Percent-encoded, they work, and the header carries them decoded.
+        let target = Target::parse("http://patroni:p%2F%3F%23%40ss@10.0.0.1:8008").unwrap();
+        let header = target.authorization.unwrap();
+        let decoded = BASE64.decode(header.trim_start_matches("Basic ")).unwrap();
+        assert_eq!(decoded, b"patroni:p/?#@ss");
+        assert_eq!(target.shown, "http://patroni:***@10.0.0.1:8008");
+        // A bad port after a password: the message names neither.
+        let reason = Target::parse("http://u:se/cret@h:80a").unwrap_err();
+        assert!(
+            !reason.contains("cret") && !reason.contains("80a"),
+            "{reason}"
+        );
+        let reason = Target::parse("http://u:secret@h:99999").unwrap_err();
+        assert!(
+            !reason.contains("secret") && !reason.contains("99999"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn encodes_basic_credentials() {
+        for (userinfo, credentials) in [
+            ("u", "u:"),
+            ("u:", "u:"),
+            ("admin:p%40ss:w", "admin:p@ss:w"),
+            ("%75ser:%zz%4", "user:%zz%4"),
+        ] {
+            let header = basic_authorization(userinfo);
+            let decoded = BASE64.decode(header.trim_start_matches("Basic ")).unwrap();
+            assert_eq!(decoded, credentials.as_bytes(), "{userinfo}");
+        }
+        assert_eq!(basic_authorization("foo:bar"), "Basic Zm9vOmJhcg==");
     }
 
     #[test]
@@ -1126,7 +1168,7 @@ mod tests {
         (url, received)
     }
 
-    async fn read_head(socket: &mut TcpStream) -> String {
+    async fn read_head<S: AsyncRead + Unpin>(socket: &mut S) -> String {
         let mut head = Vec::new();
         let mut buf = [0u8; 1024];
         while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -1157,6 +1199,11 @@ mod tests {
     }
 
     const SECOND: Duration = Duration::from_secs(1);
+    const NO_TLS: ClientTls = ClientTls {
+        cafile: None,
+        certfile: None,
+        keyfile: None,
+    };
 
     #[tokio::test]
     async fn fetches_from_the_first_url_that_answers() {
@@ -1164,7 +1211,7 @@ mod tests {
         let (busy, _) = serve(vec![http_response("503 Service Unavailable", "{}")]).await;
         let (good, mut heads) = serve(vec![http_response("200 OK", PATRONI_4)]).await;
         let urls = vec![refused, busy, format!("{good}/")];
-        let cluster = fetch_cluster(&urls, SECOND, &CancellationToken::new())
+        let cluster = fetch_cluster(&urls, &NO_TLS, SECOND, &CancellationToken::new())
             .await
             .unwrap();
         assert_eq!(cluster.source, good);
@@ -1188,7 +1235,7 @@ mod tests {
         let (silent, _) = serve(vec![None]).await;
         let urls = vec![refused.clone(), busy.clone(), html.clone(), silent.clone()];
         let timeout = Duration::from_millis(200);
-        let error = fetch_cluster(&urls, timeout, &CancellationToken::new())
+        let error = fetch_cluster(&urls, &NO_TLS, timeout, &CancellationToken::new())
             .await
             .unwrap_err();
         assert_eq!(
@@ -1207,7 +1254,7 @@ mod tests {
     async fn sends_basic_auth_and_hides_the_password() {
         let (url, mut heads) = serve(vec![http_response("401 Unauthorized", "no")]).await;
         let with_auth = url.replace("http://", "http://patroni:s3cr%3At@");
-        let error = fetch_cluster(&[with_auth], SECOND, &CancellationToken::new())
+        let error = fetch_cluster(&[with_auth], &NO_TLS, SECOND, &CancellationToken::new())
             .await
             .unwrap_err();
         let shown = url.replace("http://", "http://patroni:***@");
@@ -1235,9 +1282,10 @@ mod tests {
         let (streamed, _) = serve(vec![Some(chunked.into_bytes())]).await;
         let cancel = CancellationToken::new();
         for url in [declared, streamed] {
-            let error = fetch_cluster_limited(std::slice::from_ref(&url), SECOND, &cancel, 1024)
-                .await
-                .unwrap_err();
+            let error =
+                fetch_cluster_limited(std::slice::from_ref(&url), &NO_TLS, SECOND, &cancel, 1024)
+                    .await
+                    .unwrap_err();
             assert_eq!(
                 error.to_string(),
                 format!("could not get the cluster state from Patroni: {url}: response too large (over 1024 bytes)")
@@ -1257,6 +1305,7 @@ mod tests {
         for url in [garbage, closed, short] {
             let error = fetch_cluster(
                 std::slice::from_ref(&url),
+                &NO_TLS,
                 SECOND,
                 &CancellationToken::new(),
             )
@@ -1289,6 +1338,7 @@ mod tests {
         });
         let error = fetch_cluster(
             std::slice::from_ref(&url),
+            &NO_TLS,
             5 * SECOND,
             &CancellationToken::new(),
         )
@@ -1299,7 +1349,7 @@ mod tests {
         assert!(
             text.contains(&format!("{url}: TLS handshake failed: "))
                 || text.contains(&format!(
-                    "{url}: could not load the system's root certificates"
+                    "{url}: could not load system root certificates (patroni_cafile not set)"
                 )),
             "{text}"
         );
@@ -1315,16 +1365,16 @@ mod tests {
             canceller.cancel();
         });
         let started = std::time::Instant::now();
-        let error = fetch_cluster(&[silent], Duration::from_secs(30), &cancel)
+        let error = fetch_cluster(&[silent], &NO_TLS, Duration::from_secs(30), &cancel)
             .await
             .unwrap_err();
         assert_eq!(error, PatroniError::Cancelled);
         assert!(started.elapsed() < Duration::from_secs(5));
-        let error = fetch_cluster(&["http://x:1".into()], SECOND, &cancel)
+        let error = fetch_cluster(&["http://x:1".into()], &NO_TLS, SECOND, &cancel)
             .await
             .unwrap_err();
         assert_eq!(error, PatroniError::Cancelled);
-        let error = fetch_cluster(&[], SECOND, &CancellationToken::new())
+        let error = fetch_cluster(&[], &NO_TLS, SECOND, &CancellationToken::new())
             .await
             .unwrap_err();
         assert_eq!(error.to_string(), "no Patroni REST API URL given");
@@ -1334,16 +1384,186 @@ mod tests {
     async fn invalid_url_is_one_failure_among_others() {
         let (good, _) = serve(vec![http_response("200 OK", STANDBY_CLUSTER)]).await;
         let urls = vec!["node1:8008".to_string(), good.clone()];
-        let cluster = fetch_cluster(&urls, SECOND, &CancellationToken::new())
+        let cluster = fetch_cluster(&urls, &NO_TLS, SECOND, &CancellationToken::new())
             .await
             .unwrap();
         assert_eq!(cluster.source, good);
-        let error = fetch_cluster(&urls[..1], SECOND, &CancellationToken::new())
+        let error = fetch_cluster(&urls[..1], &NO_TLS, SECOND, &CancellationToken::new())
             .await
             .unwrap_err();
         assert_eq!(
             error.to_string(),
             "could not get the cluster state from Patroni: node1:8008: invalid URL: expected http://host:port or https://host:port"
         );
+    }
+
+    // ----- https against a local fake Patroni with a test CA -----
+
+    /// `agent/testdata/tls/`: a CA, a server certificate it signed (DNS:localhost,
+    /// IP:127.0.0.1) and a client certificate it signed (CN=ccm-agent), EC P-256 keys.
+    const REST_CA: &str = include_str!("../testdata/tls/rest-ca.crt");
+    const REST_SERVER_CRT: &str = include_str!("../testdata/tls/rest-server.crt");
+    const REST_SERVER_KEY: &str = include_str!("../testdata/tls/rest-server.key");
+    const REST_CLIENT_CRT: &str = include_str!("../testdata/tls/rest-client.crt");
+    const REST_CLIENT_KEY: &str = include_str!("../testdata/tls/rest-client.key");
+
+    /// An https server answering `GET /cluster` with PATRONI_4; with `client_certificates`
+    /// it accepts only clients with a certificate signed by the test CA (Patroni's
+    /// `restapi.verify_client: required`).
+    async fn serve_https(client_certificates: bool) -> String {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let chain = vec![CertificateDer::from_pem_slice(REST_SERVER_CRT.as_bytes()).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(REST_SERVER_KEY.as_bytes()).unwrap();
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = if client_certificates {
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(CertificateDer::from_pem_slice(REST_CA.as_bytes()).unwrap())
+                .unwrap();
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                std::sync::Arc::new(roots),
+                provider,
+            )
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let config = builder.with_single_cert(chain, key).unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(socket).await else {
+                        return;
+                    };
+                    if !read_head(&mut tls).await.contains("\r\n\r\n") {
+                        return;
+                    }
+                    let reply = http_response("200 OK", PATRONI_4).unwrap_or_default();
+                    let _ = tls.write_all(&reply).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        url
+    }
+
+    /// The test CA's files in a fresh directory, keys 0600 as libpq asks.
+    fn rest_files(name: &str) -> (std::path::PathBuf, ClientTls) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir =
+            std::env::temp_dir().join(format!("ccm-agent-patroni-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let both = format!("{REST_CLIENT_CRT}{REST_CLIENT_KEY}");
+        for (file, text) in [
+            ("ca.crt", REST_CA),
+            ("client.crt", REST_CLIENT_CRT),
+            ("client.key", REST_CLIENT_KEY),
+            ("both.pem", both.as_str()),
+        ] {
+            std::fs::write(dir.join(file), text).unwrap();
+            std::fs::set_permissions(dir.join(file), std::fs::Permissions::from_mode(0o600))
+                .unwrap();
+        }
+        let tls = ClientTls {
+            cafile: Some(dir.join("ca.crt")),
+            certfile: Some(dir.join("client.crt")),
+            keyfile: Some(dir.join("client.key")),
+        };
+        (dir, tls)
+    }
+
+    fn ca_only(files: &ClientTls) -> ClientTls {
+        ClientTls {
+            cafile: files.cafile.clone(),
+            ..ClientTls::default()
+        }
+    }
+
+    async fn fetch_over(url: &str, tls: &ClientTls) -> Result<Cluster, PatroniError> {
+        fetch_cluster(
+            &[url.to_string()],
+            tls,
+            5 * SECOND,
+            &CancellationToken::new(),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn https_is_verified_against_the_ca_file() {
+        let url = serve_https(false).await;
+        let (dir, files) = rest_files("ca");
+        let with_ca = ca_only(&files);
+        let cluster = fetch_over(&url, &with_ca).await.unwrap();
+        assert_eq!(cluster.leader().unwrap().name, "node1");
+        // By name too: the certificate names localhost.
+        let by_name = url.replace("127.0.0.1", "localhost");
+        assert!(fetch_over(&by_name, &with_ca).await.is_ok());
+        // Without the CA file: the system's roots do not know the test CA.
+        let text = fetch_over(&url, &NO_TLS).await.unwrap_err().to_string();
+        assert!(
+            text.contains(&format!(
+                "{url}: certificate verify failed: certificate is not signed by a CA in the \
+                 system trust store (patroni_cafile not set)"
+            )) || text.contains("could not load system root certificates (patroni_cafile not set)"),
+            "{text}"
+        );
+        // Another CA file: refused, naming the file.
+        let other = ClientTls {
+            cafile: Some(dir.join("client.crt")),
+            ..ClientTls::default()
+        };
+        let text = fetch_over(&url, &other).await.unwrap_err().to_string();
+        assert!(
+            text.contains("certificate verify failed") && text.contains("client.crt"),
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn https_client_certificates() {
+        let url = serve_https(true).await;
+        let (dir, files) = rest_files("client");
+        // The server asks for a certificate and gets none: no answer.
+        let error = fetch_over(&url, &ca_only(&files)).await.unwrap_err();
+        assert!(error.to_string().contains(&format!("{url}: ")), "{error}");
+        // With the client certificate and its key, in two files or in one.
+        let cluster = fetch_over(&url, &files).await.unwrap();
+        assert_eq!(cluster.leader().unwrap().name, "node1");
+        let combined = ClientTls {
+            cafile: files.cafile.clone(),
+            certfile: Some(dir.join("both.pem")),
+            keyfile: None,
+        };
+        assert!(fetch_over(&url, &combined).await.is_ok());
+        // A configured certificate file that is missing is an error, not a silent skip.
+        let missing = ClientTls {
+            certfile: Some(dir.join("absent.crt")),
+            ..files.clone()
+        };
+        let text = fetch_over(&url, &missing).await.unwrap_err().to_string();
+        assert!(text.contains("could not read certificate file"), "{text}");
+        // A key that others may read is refused, as libpq refuses it.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.join("client.key"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        let text = fetch_over(&url, &files).await.unwrap_err().to_string();
+        assert!(text.contains("has group or world access"), "{text}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

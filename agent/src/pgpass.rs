@@ -14,7 +14,7 @@
 //! The password is only ever handed to tokio-postgres: never logged, never printed.
 
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use tracing::warn;
@@ -31,7 +31,13 @@ pub struct Lookup<'a> {
 /// The password for `lookup` from the file at `path`, or None (no file, an unsafe file,
 /// no matching line). Warnings go to the log, as libpq prints them on stderr.
 pub fn password_from_file(path: &Path, lookup: &Lookup<'_>) -> Option<String> {
-    let mut file = std::fs::File::open(path).ok()?;
+    // One descriptor for the checks and the read; non-blocking, so that a FIFO in the file's
+    // place fails the plain-file check instead of hanging the connect.
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
     let meta = file.metadata().ok()?;
     if let Err(problem) = check_file(meta.is_file(), meta.mode()) {
         warn!(
@@ -250,6 +256,12 @@ mod tests {
             None,
             "a directory is not a password file"
         );
+        // A FIFO (no writer) is refused at once instead of blocking the open.
+        let fifo = dir.join("fifo");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated path only.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        assert_eq!(password_from_file(&fifo, &l), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -56,6 +56,7 @@ use crate::node::{
 };
 use crate::notify;
 use crate::topology::{self, Target};
+use crate::walsender::{self, Endpoint, Sender, Verdict};
 
 /// A standby's change feed: every cached block is in its set.
 const EVERY_CACHED_BLOCK: i32 = -1;
@@ -368,6 +369,8 @@ pub struct Syncer {
     primary_source: Option<WalSource>,
     /// The primary's addresses, to recognise it as a standby's WAL sender.
     primary_addrs: Vec<IpAddr>,
+    /// WAL senders that are no node the agent knows (walsender.rs).
+    unknown_senders: walsender::Unknowns,
     /// The host the primary side last connected to, to count retargets.
     last_primary_host: Option<String>,
     /// Patroni's leader at the last look.
@@ -399,6 +402,7 @@ impl Syncer {
             primary: None,
             primary_source: None,
             primary_addrs: Vec::new(),
+            unknown_senders: walsender::Unknowns::default(),
             last_primary_host: None,
             leader: None,
             standbys: Vec::new(),
@@ -763,7 +767,7 @@ impl Syncer {
             }
         }
         if let (Some(sender), Some(port)) = (source.sender_host.as_deref(), source.sender_port) {
-            if !self.is_cluster_member(sender, port).await {
+            if !self.sender_accepted(i, Endpoint::new(sender, port)).await {
                 self.drop_standby(i);
                 return Err(CycleError::Safety(format!(
                     "standby {name} streams its WAL from {sender}:{port}, which is neither the \
@@ -777,33 +781,77 @@ impl Syncer {
         Ok(())
     }
 
-    /// Whether a WAL sender's host and port name the primary, or a standby found to follow
-    /// it (connected, in recovery, checked): a host of the standby string that is not such a
-    /// standby (a promoted one) is not.
-    async fn is_cluster_member(&self, sender: &str, port: u16) -> bool {
-        let same_name = |host: &HostSpec| host.port == port && host.name() == sender;
-        let primary_host = self.primary.as_ref().map(|p| p.host.clone());
-        if primary_host.as_ref().is_some_and(same_name) {
-            return true;
+    /// Whether standby `i` may be warmed given its WAL sender (walsender.rs): a member or,
+    /// under `wal_sender_check = warn`, an unknown one (warned about once).
+    async fn sender_accepted(&mut self, i: usize, sender: Endpoint) -> bool {
+        let check = self.cfg.wal_sender_check;
+        let name = self.standbys[i].name.clone();
+        let now = Instant::now();
+        let found = if check == walsender::SenderCheck::Off {
+            Sender::Member
+        } else if self.unknown_senders.recent(&name, &sender, now) {
+            Sender::Unknown
+        } else {
+            self.classify_sender(sender.clone()).await
+        };
+        match walsender::verdict(&found, check) {
+            Verdict::Warm => {
+                self.unknown_senders.forget(&name);
+                true
+            }
+            Verdict::WarmUnknown => {
+                if self.unknown_senders.record(&name, &sender, now) {
+                    warn!(
+                        standby = %name,
+                        "standby {name} streams its WAL from {}:{}, which is no node the agent \
+                         knows (a virtual IP, a Service or a proxy?); it is warmed on the \
+                         strength of its system identifier and timeline \
+                         (wal_sender_check = strict refuses it)",
+                        sender.name, sender.port
+                    );
+                }
+                true
+            }
+            Verdict::Refuse => false,
         }
-        if self
+    }
+
+    /// The sender against the primary and the standbys being warmed (members) and the other
+    /// hosts of the standby string or Patroni members (walsender.rs). Names first; then the
+    /// addresses, the primary's resolved again (a DNS failure at connect time must not make
+    /// its standbys strangers).
+    async fn classify_sender(&mut self, mut sender: Endpoint) -> Sender {
+        let endpoint = |host: &HostSpec| Endpoint::new(host.name(), host.port);
+        let member_slot = |s: &Standby| s.verified && s.node.is_some();
+        let primary_host = self.primary.as_ref().map(|p| p.host.clone());
+        let mut members: Vec<Endpoint> = primary_host.iter().map(endpoint).collect();
+        members.extend(
+            self.standbys
+                .iter()
+                .filter(|s| member_slot(s))
+                .filter_map(Standby::host)
+                .map(|h| endpoint(&h)),
+        );
+        let mut others: Vec<Endpoint> = self
             .standbys
             .iter()
-            .filter(|s| s.verified && s.node.is_some())
+            .filter(|s| !member_slot(s))
             .filter_map(Standby::host)
-            .any(|h| same_name(&h))
-        {
-            return true;
+            .map(|h| endpoint(&h))
+            .collect();
+        let by_name = walsender::classify(&sender, &members, &others);
+        if by_name != Sender::Unknown || sender.is_socket() {
+            return by_name;
         }
-        if sender.starts_with('/') {
-            // A Unix socket: a server on this machine; only the port tells them apart.
-            return primary_host.is_some_and(|h| h.port == port);
+        sender.addrs = lookup(&sender.name, sender.port).await;
+        if let (Some(host), Some(primary)) = (&primary_host, members.first_mut()) {
+            self.primary_addrs = addresses(host).await;
+            primary.addrs = self.primary_addrs.clone();
         }
-        if primary_host.is_some_and(|h| h.port != port) {
-            return false;
+        for other in others.iter_mut().filter(|o| !o.is_socket()) {
+            other.addrs = lookup(&other.name, other.port).await;
         }
-        let sender_addrs = lookup(sender, port).await;
-        sender_addrs.iter().any(|a| self.primary_addrs.contains(a))
+        walsender::classify(&sender, &members, &others)
     }
 
     /// Step (1) for standby `i`: connected, checked, and its filter.

@@ -23,17 +23,25 @@
 //!   ALPN offers `postgresql`, as libpq 17 does (needed by `sslnegotiation=direct`).
 //!
 //! The chain is verified by webpki (rustls' own verifier code); host names by libpq's rules
-//! on the certificate as parsed by the small DER reader below, which also yields the
-//! signature algorithm for SCRAM channel binding (`tls-server-end-point`). A server
-//! certificate that is itself in the root file (a self-signed certificate used as its own
-//! CA, as in PostgreSQL's documentation and in Spilo images) is trusted within its validity
-//! period, as OpenSSL trusts it, although webpki refuses CA certificates as end entities.
+//! on the certificate as x509.rs reads it (which also yields the signature algorithm for
+//! SCRAM channel binding, `tls-server-end-point`), except that the Common Name is never
+//! consulted when the chain carries name constraints or the roots are the system's. A
+//! server certificate that is itself in the root file (a self-signed certificate used as its
+//! own CA, as in PostgreSQL's documentation and in Spilo images) is trusted within its
+//! validity period, as OpenSSL trusts it, although webpki refuses CA certificates as end
+//! entities. The system's trust store is loaded once per process; files are read per
+//! connection, and the key file through one descriptor (its checks and its bytes are of the
+//! same file).
+//!
+//! The Patroni REST API client (patroni.rs) uses the same code with `verify-full`, its own
+//! ALPN and `patroni_cafile`/`patroni_certfile`/`patroni_keyfile` for the three files.
 
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +60,7 @@ use tokio_postgres::config::Host;
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
 
 use crate::conninfo::HostSpec;
+use crate::x509::{self, CommonName};
 
 /// libpq's `sslmode`, all six values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,14 +152,21 @@ fn setup_error(message: impl Into<String>) -> TlsSetupError {
 }
 
 /// Trusted roots and where they came from, for messages.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Roots {
-    store: RootCertStore,
+    store: Arc<RootCertStore>,
     /// The certificates as read, to trust a server certificate that is one of them.
-    ders: Vec<CertificateDer<'static>>,
+    ders: Arc<Vec<CertificateDer<'static>>>,
     /// "/path/root.crt" or "the system trust store".
     label: String,
+    /// The operating system's store (`sslrootcert=system`).
+    system: bool,
+    /// Whether a root carries name constraints.
+    constrained: bool,
 }
+
+/// ALPN for PostgreSQL, as libpq 17 offers it (needed by `sslnegotiation=direct`).
+pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
 
 fn provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
@@ -206,9 +222,11 @@ impl TlsSettings {
             )));
         }
         Ok(Some(Roots {
-            store,
-            ders,
+            store: Arc::new(store),
+            constrained: x509::any_name_constraints(ders.iter().map(|d| d.as_ref())),
+            ders: Arc::new(ders),
             label: path.display().to_string(),
+            system: false,
         }))
     }
 
@@ -267,6 +285,15 @@ impl TlsSettings {
 
     /// The connector for one host of the string. Files are read now: call it per attempt.
     pub fn connector(&self, host: &HostSpec) -> Result<MakeTls, TlsSetupError> {
+        self.connector_with_alpn(host, ALPN_POSTGRESQL)
+    }
+
+    /// `connector` offering `alpn` as the application protocol.
+    pub fn connector_with_alpn(
+        &self,
+        host: &HostSpec,
+        alpn: &[u8],
+    ) -> Result<MakeTls, TlsSetupError> {
         let roots = self.roots()?;
         let name_check = match self.mode {
             SslMode::VerifyFull => Some(match &host.host {
@@ -296,7 +323,7 @@ impl TlsSettings {
             }
             None => builder.with_no_client_auth(),
         };
-        config.alpn_protocols = vec![b"postgresql".to_vec()];
+        config.alpn_protocols = vec![alpn.to_vec()];
         let (server_name, sni) = server_name(host);
         config.enable_sni = self.sni && sni;
         Ok(MakeTls {
@@ -371,7 +398,17 @@ fn client_key(
     Ok(key)
 }
 
+/// The operating system's trust store (OpenSSL's default paths, `SSL_CERT_FILE` and
+/// `SSL_CERT_DIR` honoured), loaded on first use and kept for the process's life; a failure
+/// is not kept, the next connection tries again.
 fn system_roots() -> Result<Roots, TlsSetupError> {
+    static LOADED: Mutex<Option<Roots>> = Mutex::new(None);
+    let mut slot = LOADED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(roots) = slot.as_ref() {
+        return Ok(roots.clone());
+    }
     let loaded = rustls_native_certs::load_native_certs();
     let mut store = RootCertStore::empty();
     let (added, _) = store.add_parsable_certificates(loaded.certs.iter().cloned());
@@ -385,11 +422,15 @@ fn system_roots() -> Result<Roots, TlsSetupError> {
             "could not load system root certificates (sslrootcert=system): {why}"
         )));
     }
-    Ok(Roots {
-        store,
-        ders: loaded.certs,
+    let roots = Roots {
+        store: Arc::new(store),
+        ders: Arc::new(loaded.certs),
         label: "the system trust store (sslrootcert=system)".to_string(),
-    })
+        system: true,
+        constrained: false,
+    };
+    *slot = Some(roots.clone());
+    Ok(roots)
 }
 
 fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -408,10 +449,17 @@ fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String
 }
 
 /// libpq's checks on the key file, then the key itself (PEM, or DER as libpq's fallback).
+/// The checks and the read go through one descriptor, so they are of the same file
+/// (opened non-blocking: a FIFO put in its place fails the regular-file check instead of
+/// hanging the connect).
 fn read_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError> {
     let shown = path.display();
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path);
+    let mut file = match opened {
+        Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(setup_error(format!(
                 "certificate present, but not private key file \"{shown}\""
@@ -419,10 +467,13 @@ fn read_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError
         }
         Err(e) => {
             return Err(setup_error(format!(
-                "could not stat private key file \"{shown}\": {e}"
+                "could not open private key file \"{shown}\": {e}"
             )))
         }
     };
+    let meta = file
+        .metadata()
+        .map_err(|e| setup_error(format!("could not stat private key file \"{shown}\": {e}")))?;
     if !meta.is_file() {
         return Err(setup_error(format!(
             "private key file \"{shown}\" is not a regular file"
@@ -433,7 +484,8 @@ fn read_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsSetupError
             "private key file \"{shown}\" {message}"
         )));
     }
-    let bytes = std::fs::read(path)
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
         .map_err(|e| setup_error(format!("could not read private key file \"{shown}\": {e}")))?;
     if let Ok(key) = PrivateKeyDer::from_pem_slice(&bytes) {
         return Ok(key);
@@ -663,6 +715,22 @@ impl Verifier {
         ))))
     }
 
+    /// Whether libpq's Common Name fallback applies: not under name constraints (webpki
+    /// checks them against SANs only) nor with the system's roots (review L2).
+    fn common_name_rule(&self, intermediates: &[CertificateDer<'_>]) -> CommonName {
+        const CONSTRAINED: &str = "the certificate chain carries name constraints";
+        match &self.roots {
+            Some(roots) if roots.system => {
+                CommonName::Refused("the roots are the system's (sslrootcert=system)")
+            }
+            Some(roots) if roots.constrained => CommonName::Refused(CONSTRAINED),
+            _ if x509::any_name_constraints(intermediates.iter().map(|c| c.as_ref())) => {
+                CommonName::Refused(CONSTRAINED)
+            }
+            _ => CommonName::Fallback,
+        }
+    }
+
     fn check_chain(
         &self,
         roots: &Roots,
@@ -674,11 +742,11 @@ impl Verifier {
             // The server's certificate is itself trusted (self-signed, used as its own CA).
             let info = x509::parse(end_entity)
                 .ok_or_else(|| "could not parse the server certificate".to_string())?;
-            let now = now.as_secs() as i64;
-            if info.not_before.is_some_and(|t| now < t) {
+            let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+            if now < info.not_before {
                 return Err("certificate is not yet valid".to_string());
             }
-            if info.not_after.is_some_and(|t| now > t) {
+            if now > info.not_after {
                 return Err("certificate has expired".to_string());
             }
             return Ok(());
@@ -750,7 +818,8 @@ impl ServerCertVerifier for Verifier {
                 let info = x509::parse(end_entity).ok_or_else(|| {
                     self.fail("could not parse the server certificate".to_string())
                 })?;
-                x509::check_host_name(&info, host).map_err(|m| self.fail(m))?;
+                let common_name = self.common_name_rule(intermediates);
+                x509::check_host_name(&info, host, common_name).map_err(|m| self.fail(m))?;
             }
         }
         Ok(ServerCertVerified::assertion())
@@ -791,453 +860,32 @@ impl ServerCertVerifier for Verifier {
     }
 }
 
-/// Just enough X.509 (DER) for libpq's host name rules, the validity of a self-signed
-/// certificate and the channel-binding hash: no signature is checked here.
-pub(crate) mod x509 {
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    pub enum AltName {
-        Dns(Vec<u8>),
-        Ip(Vec<u8>),
-    }
-
-    #[derive(Debug, Default)]
-    pub struct CertInfo {
-        /// subjectAltName DNS names and IP addresses, in the certificate's order.
-        pub alt_names: Vec<AltName>,
-        /// The subject's Common Names, in order.
-        pub common_names: Vec<Vec<u8>>,
-        pub not_before: Option<i64>,
-        pub not_after: Option<i64>,
-        /// The OID (content bytes) of the certificate's signature algorithm.
-        pub signature_oid: Vec<u8>,
-        /// The whole SubjectPublicKeyInfo element.
-        pub public_key: Vec<u8>,
-    }
-
-    const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
-    const OID_SAN: &[u8] = &[0x55, 0x1d, 0x11];
-
-    struct Der<'a>(&'a [u8]);
-
-    impl<'a> Der<'a> {
-        fn next(&mut self) -> Option<(u8, &'a [u8])> {
-            let (&tag, rest) = self.0.split_first()?;
-            if tag & 0x1f == 0x1f {
-                return None; // multi-byte tags: not in certificates' fields we read
-            }
-            let (&first, mut rest) = rest.split_first()?;
-            let len = if first < 0x80 {
-                first as usize
-            } else {
-                let n = (first & 0x7f) as usize;
-                if n == 0 || n > 4 || rest.len() < n {
-                    return None;
-                }
-                let len = rest[..n].iter().fold(0usize, |l, &b| (l << 8) | b as usize);
-                rest = &rest[n..];
-                len
-            };
-            if rest.len() < len {
-                return None;
-            }
-            let (content, after) = rest.split_at(len);
-            self.0 = after;
-            Some((tag, content))
-        }
-
-        /// The next element whole (tag and length included).
-        fn next_whole(&mut self) -> Option<(u8, &'a [u8])> {
-            let start = self.0;
-            let (tag, _) = self.next()?;
-            Some((tag, &start[..start.len() - self.0.len()]))
-        }
-
-        fn peek(&self) -> Option<u8> {
-            self.0.first().copied()
-        }
-
-        fn expect(&mut self, tag: u8) -> Option<&'a [u8]> {
-            match self.next()? {
-                (t, content) if t == tag => Some(content),
-                _ => None,
-            }
-        }
-    }
-
-    pub fn parse(der: &[u8]) -> Option<CertInfo> {
-        let mut cert = Der(Der(der).expect(0x30)?);
-        let mut tbs = Der(cert.expect(0x30)?);
-        let signature_oid = Der(cert.expect(0x30)?).expect(0x06)?.to_vec();
-        if tbs.peek() == Some(0xa0) {
-            tbs.next()?; // version
-        }
-        tbs.expect(0x02)?; // serialNumber
-        tbs.expect(0x30)?; // signature
-        tbs.expect(0x30)?; // issuer
-        let mut validity = Der(tbs.expect(0x30)?);
-        let subject = tbs.expect(0x30)?;
-        let (0x30, public_key) = tbs.next_whole()? else {
-            return None;
-        };
-        let mut info = CertInfo {
-            signature_oid,
-            public_key: public_key.to_vec(),
-            not_before: validity.next().and_then(|(t, c)| parse_time(t, c)),
-            not_after: validity.next().and_then(|(t, c)| parse_time(t, c)),
-            ..CertInfo::default()
-        };
-        let mut rdns = Der(subject);
-        while let Some((tag, set)) = rdns.next() {
-            if tag != 0x31 {
-                return None;
-            }
-            let mut attributes = Der(set);
-            while let Some(attribute) = attributes.next() {
-                let (0x30, attribute) = attribute else {
-                    return None;
-                };
-                let mut attribute = Der(attribute);
-                let oid = attribute.expect(0x06)?;
-                let (tag, value) = attribute.next()?;
-                if oid == OID_CN {
-                    info.common_names.push(decode_string(tag, value));
-                }
-            }
-        }
-        while let Some((tag, content)) = tbs.next() {
-            if tag != 0xa3 {
-                continue; // issuerUniqueID, subjectUniqueID
-            }
-            let mut extensions = Der(Der(content).expect(0x30)?);
-            while let Some(extension) = extensions.next() {
-                let (0x30, extension) = extension else {
-                    return None;
-                };
-                let mut extension = Der(extension);
-                let oid = extension.expect(0x06)?;
-                if extension.peek() == Some(0x01) {
-                    extension.next()?; // critical
-                }
-                let value = extension.expect(0x04)?;
-                if oid != OID_SAN {
-                    continue;
-                }
-                let mut names = Der(Der(value).expect(0x30)?);
-                while let Some((tag, name)) = names.next() {
-                    match tag {
-                        0x82 => info.alt_names.push(AltName::Dns(name.to_vec())),
-                        0x87 => info.alt_names.push(AltName::Ip(name.to_vec())),
-                        _ => {}
-                    }
-                }
-            }
-        }
-        Some(info)
-    }
-
-    /// A directory string's bytes: UTF-8, Printable, IA5 and T61 as they are, BMP
-    /// (UTF-16BE) converted.
-    fn decode_string(tag: u8, value: &[u8]) -> Vec<u8> {
-        if tag == 0x1e {
-            let units: Vec<u16> = value
-                .chunks(2)
-                .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))
-                .collect();
-            return String::from_utf16_lossy(&units).into_bytes();
-        }
-        value.to_vec()
-    }
-
-    /// UTCTime (YYMMDDHHMMSSZ) or GeneralizedTime (YYYYMMDDHHMMSSZ) as UNIX seconds.
-    fn parse_time(tag: u8, value: &[u8]) -> Option<i64> {
-        let text = std::str::from_utf8(value).ok()?;
-        let digits = text.strip_suffix('Z')?;
-        if !digits.bytes().all(|c| c.is_ascii_digit()) {
-            return None;
-        }
-        let (year, rest) = match (tag, digits.len()) {
-            (0x17, 12) => {
-                let yy: i64 = digits[..2].parse().ok()?;
-                (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &digits[2..])
-            }
-            (0x18, 14) => (digits[..4].parse().ok()?, &digits[4..]),
-            _ => return None,
-        };
-        let field = |i: usize| -> Option<i64> { rest[i..i + 2].parse().ok() };
-        let (month, day, hour, minute, second) =
-            (field(0)?, field(2)?, field(4)?, field(6)?, field(8)?);
-        if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-            return None;
-        }
-        Some(days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second)
-    }
-
-    /// Days since 1970-01-01 of a proleptic Gregorian date.
-    fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-        let y = if month <= 2 { year - 1 } else { year };
-        let era = if y >= 0 { y } else { y - 399 } / 400;
-        let yoe = y - era * 400;
-        let mp = (month + 9) % 12;
-        let doy = (153 * mp + 2) / 5 + day - 1;
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-        era * 146097 + doe - 719468
-    }
-
-    /// The hash of `tls-server-end-point` for a signature algorithm (RFC 5929 section 4.1).
-    pub fn end_point_hash(oid: &[u8]) -> Option<&'static ring::digest::Algorithm> {
-        const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
-        const ECDSA_SHA1: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x01];
-        const ECDSA_SHA2: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03];
-        if let Some(rest) = oid.strip_prefix(RSA) {
-            return match rest {
-                [0x04] | [0x05] | [0x0b] => Some(&ring::digest::SHA256), // md5, sha1, sha256
-                [0x0c] => Some(&ring::digest::SHA384),
-                [0x0d] => Some(&ring::digest::SHA512),
-                _ => None, // RSASSA-PSS (hash in parameters), SHA-224
-            };
-        }
-        if oid == ECDSA_SHA1 {
-            return Some(&ring::digest::SHA256);
-        }
-        if let Some(rest) = oid.strip_prefix(ECDSA_SHA2) {
-            return match rest {
-                [0x02] => Some(&ring::digest::SHA256),
-                [0x03] => Some(&ring::digest::SHA384),
-                [0x04] => Some(&ring::digest::SHA512),
-                _ => None,
-            };
-        }
-        None // Ed25519 and others: no hash, the server offers no channel binding either
-    }
-
-    /// libpq's wildcard rule: `*.` followed by the rest, the `*` matching one label.
-    fn wildcard_matches(pattern: &[u8], host: &[u8]) -> bool {
-        if pattern.len() < 3
-            || pattern[0] != b'*'
-            || pattern[1] != b'.'
-            || pattern.len() > host.len()
-        {
-            return false;
-        }
-        let suffix = &pattern[1..];
-        if !host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix) {
-            return false;
-        }
-        let start = host.len() - pattern.len();
-        !matches!(host.iter().position(|&c| c == b'.'), Some(i) if i < start)
-    }
-
-    fn name_matches(name: &[u8], host: &str) -> Result<bool, String> {
-        if name.contains(&0) {
-            return Err("server certificate's name contains an embedded null".to_string());
-        }
-        Ok(name.eq_ignore_ascii_case(host.as_bytes()) || wildcard_matches(name, host.as_bytes()))
-    }
-
-    fn ip_matches(ip: &[u8], host: &str) -> Result<(bool, String), String> {
-        let shown = match ip.len() {
-            4 => Ipv4Addr::from(<[u8; 4]>::try_from(ip).expect("length checked")).to_string(),
-            16 => Ipv6Addr::from(<[u8; 16]>::try_from(ip).expect("length checked")).to_string(),
-            n => {
-                return Err(format!(
-                    "server certificate contains an IP address with invalid length {n}"
-                ))
-            }
-        };
-        let matched = match host.parse::<IpAddr>() {
-            Ok(IpAddr::V4(a)) => ip == a.octets(),
-            Ok(IpAddr::V6(a)) => ip == a.octets(),
-            Err(_) => false,
-        };
-        Ok((matched, shown))
-    }
-
-    /// libpq's host name check (pgtls_verify_peer_name_matches_certificate_guts): SAN
-    /// entries; the Common Name only when no SAN entry is of the host's kind.
-    pub fn check_host_name(info: &CertInfo, host: &str) -> Result<(), String> {
-        let host_is_ip = host.parse::<IpAddr>().is_ok();
-        let mut check_cn = true;
-        let mut examined: Vec<String> = Vec::new();
-        for name in &info.alt_names {
-            let matched = match name {
-                AltName::Dns(dns) => {
-                    if !host_is_ip {
-                        check_cn = false;
-                    }
-                    examined.push(String::from_utf8_lossy(dns).into_owned());
-                    name_matches(dns, host)?
-                }
-                AltName::Ip(ip) => {
-                    if host_is_ip {
-                        check_cn = false;
-                    }
-                    let (matched, shown) = ip_matches(ip, host)?;
-                    examined.push(shown);
-                    matched
-                }
-            };
-            if matched {
-                return Ok(());
-            }
-        }
-        if check_cn {
-            if let Some(cn) = info.common_names.first() {
-                examined.push(String::from_utf8_lossy(cn).into_owned());
-                if name_matches(cn, host)? {
-                    return Ok(());
-                }
-            }
-        }
-        if examined.is_empty() {
-            return Err("could not get the server's host name from its certificate".to_string());
-        }
-        Err(format!(
-            "host name \"{host}\" does not match the certificate (names: {})",
-            examined.join(", ")
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::x509::*;
     use super::*;
 
     // Made with the openssl CLI (as tests/integration/test_agent_tls.py makes its own).
     /// `openssl req -x509` of an EC P-256 key, CN=ccm test CA.
-    const CA_PEM: &str = "\
------BEGIN CERTIFICATE-----
-MIIBgjCCASegAwIBAgIUBr5pGgNGMMJZLIB/Y+jovseUhjMwCgYIKoZIzj0EAwIw
-FjEUMBIGA1UEAwwLY2NtIHRlc3QgQ0EwHhcNMjYxMTIzMDkzMDE4WhcNMzYxMTIw
-MDkzMDE4WjAWMRQwEgYDVQQDDAtjY20gdGVzdCBDQTBZMBMGByqGSM49AgEGCCqG
-SM49AwEHA0IABGW4ZHjPZ3Af1ucQWAy05rqXBXts7odPqAGMtvBXmAlg2VEVslHQ
-lLz2sY1qpGGk9BW+rx0KBooHiVrHqRwDMy+jUzBRMB0GA1UdDgQWBBQ3sy1fs+Uk
-NkpVj2rZ5PQOuczVLDAfBgNVHSMEGDAWgBQ3sy1fs+UkNkpVj2rZ5PQOuczVLDAP
-BgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0kAMEYCIQCQ2cJZ9VNr0KbbuXEh
-P8rLOM8ZBj6j2Y4BSbZEY7AxPAIhAK/zkBpBrTzbP5A2VCcrAxWd4uPZM0U/AGVT
-R+R9wJ77
------END CERTIFICATE-----
-";
+    const CA_PEM: &str = include_str!("../testdata/tls/ca.crt");
     /// Signed by CA_PEM: CN=db1, subjectAltName DNS:db1, DNS:localhost, IP:127.0.0.1,
-    /// ecdsa-with-SHA256, valid 2026-11-23T09:30:18Z to 2036-11-20T09:30:18Z.
-    const SERVER_PEM: &str = "\
------BEGIN CERTIFICATE-----
-MIIBiTCCAS+gAwIBAgIURqgABj6cHD3/8/ShnPH7hvjjGcAwCgYIKoZIzj0EAwIw
-FjEUMBIGA1UEAwwLY2NtIHRlc3QgQ0EwHhcNMjYxMTIzMDkzMDE4WhcNMzYxMTIw
-MDkzMDE4WjAOMQwwCgYDVQQDDANkYjEwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNC
-AAQKE+6bCYxLWlq9TYkseUd9Xi9iKzYr8Nfi5MxUNhxpf6p6iE5GmvKESDKL0wT7
-vjtHYkqQ7kM7lEKEqJYsSr/Yo2MwYTAfBgNVHREEGDAWggNkYjGCCWxvY2FsaG9z
-dIcEfwAAATAdBgNVHQ4EFgQUYoR+OS361Yqr9H/94tItXrHeTKowHwYDVR0jBBgw
-FoAUN7MtX7PlJDZKVY9q2eT0DrnM1SwwCgYIKoZIzj0EAwIDSAAwRQIhAPGFSfzt
-Vmpt4G8qHjji2n3XGoSoBMgEnwHQNSb7iq8KAiA8lvkoKH6GICjkG926u8pHsueV
-e3F6+0WEiRuo/SYgqw==
------END CERTIFICATE-----
-";
+    /// valid 2026-11-23T09:30:18Z to 2036-11-20T09:30:18Z.
+    const SERVER_PEM: &str = include_str!("../testdata/tls/db1.crt");
     /// Self-signed, CN only (CN=*.example.com, no SAN), basicConstraints CA:TRUE as
-    /// `openssl req -x509` makes by default, sha256WithRSAEncryption, valid until
-    /// 2036-11-20T09:30:19Z.
-    const CN_ONLY_PEM: &str = "\
------BEGIN CERTIFICATE-----
-MIIDETCCAfmgAwIBAgIUTkxcJe1vXBteSnTeUcVtrzZhmC0wDQYJKoZIhvcNAQEL
-BQAwGDEWMBQGA1UEAwwNKi5leGFtcGxlLmNvbTAeFw0yNjExMjMwOTMwMTlaFw0z
-NjExMjAwOTMwMTlaMBgxFjAUBgNVBAMMDSouZXhhbXBsZS5jb20wggEiMA0GCSqG
-SIb3DQEBAQUAA4IBDwAwggEKAoIBAQDO2Gxao4JLOtIwYFFrJ7u2zx404YQoVoGt
-ovfv/1uZ+NlpdwtTZlEs1qVvAEWEYEYwIXqm25Ug62AHWW6/zVg2ZtjiOLjofa6M
-STKYTZYKyFy6H/wSbQRaGiomcZJAcR9KbfXYtX6ktFlE075fNeknFRT7WGHIAtBe
-5nFP+zodXI6XQSPJXtwDFlhBuzsTVIW/75uf3hcLdTRwf4XwCdi72oVA6xAXnjlz
-b1YMBp1Ld2DTsNG/+selm+NwnISrD8seDTJjWDD80wk4psYpafa9irlPs2bnBINQ
-2UD9SkhskPPDnKUtHv3JKjgIw5SSNmBaBcXUncMg3klvLQsUoMTpAgMBAAGjUzBR
-MB0GA1UdDgQWBBQh9+Gwj9J/RaQkL6j4QbMLCq/0BDAfBgNVHSMEGDAWgBQh9+Gw
-j9J/RaQkL6j4QbMLCq/0BDAPBgNVHRMBAf8EBTADAQH/MA0GCSqGSIb3DQEBCwUA
-A4IBAQBTv3ipOxV+L/9pZcEgrDJ9+5HZSD5t0pkDqXq1ylObsEwGr5apmYlXBwS+
-JMvl40lN8YcuoyhtBKV+dFhRSNR8n+MSrMAhviiiEr5JLpbAtHSbBG2C74GH5BGE
-8ABehjbE3HE6znanXJyJn0it5keFufsBHR/u9MTHvfmcvYkuPohY03dxZLCrXJyy
-BLv3nWHPLPlBNyzYjMMtXiNY+IpTBt79Q4Bb6yXpmPBs1Nccv/gMJxuawl066+i5
-4cLEVVRMc4aP1THS9eujbMZUCkBAkVIk09ntPRPKlch/VaKPbhjXMMELP+krPIYc
-UuFP0LbJnT0C65zQfJoxjIksI2PJ
------END CERTIFICATE-----
-";
+    /// `openssl req -x509` makes by default, valid until 2036-11-20T09:30:19Z.
+    const CN_ONLY_PEM: &str = include_str!("../testdata/tls/cn-only.crt");
 
     fn der(pem: &str) -> CertificateDer<'static> {
         CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
     }
 
-    #[test]
-    fn parses_names_validity_and_signature() {
-        let info = parse(&der(SERVER_PEM)).unwrap();
-        assert_eq!(info.common_names, vec![b"db1".to_vec()]);
-        assert_eq!(
-            info.alt_names,
-            vec![
-                AltName::Dns(b"db1".to_vec()),
-                AltName::Dns(b"localhost".to_vec()),
-                AltName::Ip(vec![127, 0, 0, 1]),
-            ]
-        );
-        assert_eq!(info.not_before, Some(1795426218));
-        assert_eq!(info.not_after, Some(2110786218));
-        assert!(std::ptr::eq(
-            end_point_hash(&info.signature_oid).unwrap(),
-            &ring::digest::SHA256
-        ));
-        let info = parse(&der(CN_ONLY_PEM)).unwrap();
-        assert_eq!(info.common_names, vec![b"*.example.com".to_vec()]);
-        assert!(info.alt_names.is_empty());
-        assert!(std::ptr::eq(
-            end_point_hash(&info.signature_oid).unwrap(),
-            &ring::digest::SHA256
-        ));
-    }
-
-    #[test]
-    fn host_names_follow_libpq() {
-        let info = parse(&der(SERVER_PEM)).unwrap();
-        assert!(check_host_name(&info, "db1").is_ok());
-        assert!(check_host_name(&info, "DB1").is_ok(), "case-insensitive");
-        assert!(check_host_name(&info, "localhost").is_ok());
-        assert!(check_host_name(&info, "127.0.0.1").is_ok());
-        let e = check_host_name(&info, "db9").unwrap_err();
-        assert_eq!(
-            e,
-            "host name \"db9\" does not match the certificate (names: db1, localhost, 127.0.0.1)"
-        );
-        assert!(check_host_name(&info, "127.0.0.2").is_err());
-        // The CN is not consulted when a DNS SAN exists (db1 is in both here; see below).
-        let info = CertInfo {
-            alt_names: vec![AltName::Dns(b"a".to_vec())],
-            common_names: vec![b"b".to_vec()],
-            ..CertInfo::default()
-        };
-        assert!(check_host_name(&info, "b").is_err());
-        // For an IP host, the CN counts when no IP SAN exists, even with DNS SANs (libpq).
-        let info = CertInfo {
-            alt_names: vec![AltName::Dns(b"a".to_vec())],
-            common_names: vec![b"10.0.0.1".to_vec()],
-            ..CertInfo::default()
-        };
-        assert!(check_host_name(&info, "10.0.0.1").is_ok());
-        // Wildcards: one label, first position, case-insensitive.
-        let info = parse(&der(CN_ONLY_PEM)).unwrap();
-        assert!(check_host_name(&info, "db.example.com").is_ok());
-        assert!(check_host_name(&info, "DB.Example.COM").is_ok());
-        assert!(check_host_name(&info, "a.b.example.com").is_err());
-        assert!(check_host_name(&info, "example.com").is_err());
-        let e = check_host_name(&info, "db.example.org").unwrap_err();
-        assert!(e.contains("names: *.example.com"), "{e}");
-        // Nothing to match against.
-        assert!(check_host_name(&CertInfo::default(), "x")
-            .unwrap_err()
-            .contains("could not get"));
-        // Embedded NUL (CVE-2009-4034).
-        let info = CertInfo {
-            alt_names: vec![AltName::Dns(b"db1\0.evil".to_vec())],
-            ..CertInfo::default()
-        };
-        assert!(check_host_name(&info, "db1")
-            .unwrap_err()
-            .contains("embedded null"));
+    fn file_roots(store: RootCertStore, ders: Vec<CertificateDer<'static>>, label: &str) -> Roots {
+        Roots {
+            store: Arc::new(store),
+            constrained: x509::any_name_constraints(ders.iter().map(|d| d.as_ref())),
+            ders: Arc::new(ders),
+            label: label.into(),
+            system: false,
+        }
     }
 
     #[test]
@@ -1381,6 +1029,14 @@ UuFP0LbJnT0C65zQfJoxjIksI2PJ
             .unwrap();
         let e = s.client_identity().unwrap_err().to_string();
         assert!(e.contains("could not load private key file"), "{e}");
+        // A FIFO in the key's place is refused at once (one non-blocking descriptor).
+        std::fs::remove_file(dir.join("c.key")).unwrap();
+        let name =
+            std::ffi::CString::new(dir.join("c.key").as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated path only.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let e = s.client_identity().unwrap_err().to_string();
+        assert!(e.contains("is not a regular file"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1462,11 +1118,7 @@ UuFP0LbJnT0C65zQfJoxjIksI2PJ
         let roots = {
             let mut store = RootCertStore::empty();
             store.add_parsable_certificates([der(CN_ONLY_PEM)]);
-            Roots {
-                store,
-                ders: vec![der(CN_ONLY_PEM)],
-                label: "root.crt".into(),
-            }
+            file_roots(store, vec![der(CN_ONLY_PEM)], "root.crt")
         };
         let verifier = Verifier {
             provider: provider(),
@@ -1503,11 +1155,7 @@ UuFP0LbJnT0C65zQfJoxjIksI2PJ
     fn chains_are_verified_by_webpki() {
         let mut store = RootCertStore::empty();
         store.add_parsable_certificates([der(CA_PEM)]);
-        let roots = Roots {
-            store,
-            ders: vec![der(CA_PEM)],
-            label: "ca.crt".into(),
-        };
+        let roots = file_roots(store, vec![der(CA_PEM)], "ca.crt");
         let verifier = Verifier {
             provider: provider(),
             roots: None,

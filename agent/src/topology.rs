@@ -58,7 +58,7 @@ pub async fn discover(
     let Some(source) = &cfg.patroni else {
         return Ok(from_conninfo(cfg));
     };
-    let cluster = patroni::fetch_cluster(&source.urls, timeout, cancel).await?;
+    let cluster = patroni::fetch_cluster(&source.urls, &source.tls, timeout, cancel).await?;
     from_patroni(&cluster, &source.member, source.warm_nofailover)
 }
 
