@@ -20,9 +20,10 @@
 #     run once, with 15.
 # The integration tests of a version run in PYTEST_WORKERS parallel pytest-xdist workers (most
 # of them wait on replication and the agent's timers); tests that share a module's cluster stay
-# on one worker (xdist_group). The container tests run in the background from the moment 15 is
-# installed, beside the other versions. A version that cannot be had on this machine is
-# reported in one line and skipped.
+# on one worker (xdist_group). Each version's integration tests, and the container tests, run in
+# the background from the moment that version is installed, beside the next versions' builds;
+# their output is printed as each ends. A version that cannot be had on this machine is reported
+# in one line and skipped.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -62,6 +63,7 @@ fi
 phase "unit tests (codec, walcache, agent)" cargo test --locked -p ccm-codec -p ccm-walcache -p ccm-agent
 
 PGRX_TEST_DIR=/tmp/pg_ccm-pgrx-test
+started=()
 pytest_scope() {  # VERSION: the -m expression of its integration tests (containers apart)
     local version=$1 scope=("not container")
     [ "$version" = "$oldest" ] || [ "$version" = "$newest" ] || scope+=("every_version")
@@ -81,17 +83,27 @@ for version in $versions; do
     phase "PostgreSQL $version: build and install (test build)" "$ROOT/scripts/install.sh" --pg "$version" --test-build
     if [ "$version" = 15 ] && [ "$containers" = 1 ]; then
         # Docker's compose stacks, Patroni and the packages mostly wait for containers: they go
-        # on beside the other versions' builds and tests, in ports of their own.
+        # on beside the other versions' builds and tests, in ports of their own (at most 4
+        # versions take 3,000 ports each from 20000).
         phase_wait "container images: base layers"
         phase_start "PostgreSQL 15: container tests (compose, Patroni, packages)" \
             env PG_BIN="$(pg_bindir 15)" PG_CCM_PORTS=29000:3000 python3 -m pytest -p no:cacheprovider -v \
             --durations=15 -n 3 --dist loadgroup -m container tests/integration "$@"
     fi
     scope=$(pytest_scope "$version")
-    phase "PostgreSQL $version: integration tests ($scope)" \
-        env PG_BIN="$(pg_bindir "$version")" PG_CCM_PORTS=20000:9000 python3 -m pytest -p no:cacheprovider -v \
+    # In the background too: the next version's builds go on meanwhile (they compute, these
+    # tests mostly wait); each version has ports of its own.
+    ports=$(( 20000 + 3000 * $(echo $versions | tr ' ' '\n' | grep -n "^$version\$" | cut -d: -f1) - 3000 ))
+    phase_start "PostgreSQL $version: integration tests ($scope)" \
+        env PG_BIN="$(pg_bindir "$version")" PG_CCM_PORTS="$ports:3000" python3 -m pytest -p no:cacheprovider -v \
         --durations=15 -n "$PYTEST_WORKERS" --dist loadgroup -m "$scope" tests/integration "$@"
+    started+=("PostgreSQL $version: integration tests ($scope)")
 done
 if [ "$containers" = 1 ]; then
-    phase_wait "PostgreSQL 15: container tests (compose, Patroni, packages)"
+    started+=("PostgreSQL 15: container tests (compose, Patroni, packages)")
 fi
+status=0
+for name in "${started[@]}"; do
+    phase_wait "$name" || status=$?
+done
+exit "$status"

@@ -64,11 +64,11 @@ phase_table() {
     local row name start wall status note total
     total=$(( $(date +%s) - PHASES_T0 ))
     printf '\n==> phases (wall times; background phases overlap the others)\n'
-    printf '%-58s %8s %8s  %s\n' "phase" "start" "wall" "status"
+    printf '%-72s %8s %8s  %s\n' "phase" "start" "wall" "status"
     for row in "${PHASES_ROWS[@]}"; do
         IFS='|' read -r name start wall status note <<< "$row"
-        printf '%-58s %7ss %4dm%02ds  %s%s\n' "$name" "$start" $(( wall / 60 )) $(( wall % 60 )) \
+        printf '%-72s %7ss %4dm%02ds  %s%s\n' "$name" "$start" $(( wall / 60 )) $(( wall % 60 )) \
             "$(case "$status" in 0) echo ok ;; stopped) echo stopped ;; *) echo "FAILED ($status)" ;; esac)" "${note:+ ($note)}"
     done
-    printf '%-58s %8s %4dm%02ds\n' "total" "" $(( total / 60 )) $(( total % 60 ))
+    printf '%-72s %8s %4dm%02ds\n' "total" "" $(( total / 60 )) $(( total % 60 ))
 }
