@@ -9,7 +9,18 @@
 #
 # PG_VERSIONS="15 18" limits the versions (default: all supported, scripts/lib/pg-versions.sh).
 # A version that cannot be had on this machine is reported in one line and left out.
+#
+#   scripts/setup.sh                  everything
+#   scripts/setup.sh --packages-only  Debian's packages and the Python packages only (what
+#                                     scripts/test.sh needs before it starts the container
+#                                     images' base layers beside the PostgreSQL builds)
 set -euo pipefail
+PACKAGES_ONLY=0
+case "${1:-}" in
+    "") ;;
+    --packages-only) PACKAGES_ONLY=1 ;;
+    *) echo "usage: $0 [--packages-only]" >&2; exit 2 ;;
+esac
 
 PGRX_VERSION=0.18.0
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -85,6 +96,7 @@ install_python_packages() {
 
 install_apt_packages
 install_prometheus
+install_python_packages
+[ "$PACKAGES_ONLY" = 1 ] && exit 0
 build_other_versions
 install_cargo_pgrx
-install_python_packages
