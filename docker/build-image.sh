@@ -35,10 +35,11 @@ esac
 
 . "$ROOT/scripts/lib/docker-image.sh"
 . "$ROOT/scripts/lib/debian-mirror.sh"
+. "$ROOT/scripts/lib/apt-packages.sh"
 
 # --- pg_ccm-base:local -------------------------------------------------------------------------
 if [ ! -s "$BASE_TAR" ]; then
-    command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
+    command -v debootstrap >/dev/null || install_debian_packages "debootstrap" debootstrap
     mirror=${DEBIAN_MIRROR:-$(debian_mirror)} ||
         { echo "no bookworm source in /etc/apt: set DEBIAN_MIRROR to a Debian mirror" >&2; exit 1; }
     mkdir -p "$CACHE"

@@ -111,8 +111,7 @@ fetch_verified() {
     local url=$1 version=$2 dsc orig sum
     dsc="postgresql-${MAJOR}_${version}.dsc"
     log "the mirror lacks the newest postgresql-$MAJOR; trying $version, checked with Debian's keyring"
-    dpkg-query -W -f='${Status}' debian-keyring 2>/dev/null | grep -q 'install ok installed' ||
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debian-keyring >/dev/null
+    install_debian_packages "Debian's keyring (to check the .dsc)" debian-keyring || return 1
     (cd "$CACHE" && curl -fsS -o "$dsc.part" "$url/$dsc") || return 1
     if ! gpgv --keyring /usr/share/keyrings/debian-keyring.gpg "$CACHE/$dsc.part" 2>/dev/null; then
         echo "$dsc: bad or unknown signature" >&2

@@ -3,9 +3,10 @@
 # already there (a second run takes seconds): PostgreSQL 15 server, headers and contrib from
 # Debian, PostgreSQL 17 and 18 built from Debian's source packages (scripts/build-postgres.sh),
 # libclang for bindgen, sudo (cargo pgrx test --runas), vmtouch (page-cache eviction in the
-# demo), fio (what the disk gives, in the failover benchmark), Prometheus and promtool (the
-# monitoring tests), cargo-pgrx 0.18.0, the pgrx init against every installed pg_config, and the
-# Python packages of the integration tests.
+# demo), fio (what the disk gives, in the failover benchmark), debootstrap (the container
+# images' root file systems), Prometheus and promtool (the monitoring tests), cargo-pgrx
+# 0.18.0, the pgrx init against every installed pg_config, and the Python packages of the
+# integration tests.
 #
 # PG_VERSIONS="15 18" limits the versions (default: all supported, scripts/lib/pg-versions.sh).
 # A version that cannot be had on this machine is reported in one line and left out.
@@ -33,7 +34,7 @@ install_apt_packages() {
     # 15 always: Debian's package also makes the `postgres` user every server runs as.
     # The package may start its own cluster on 5432; ours use other ports, so leave it.
     install_debian_packages "Debian packages" postgresql-15 postgresql-server-dev-15 postgresql-contrib \
-        libclang-dev clang pkg-config sudo vmtouch fio python3-pip
+        libclang-dev clang pkg-config sudo vmtouch fio python3-pip debootstrap
 }
 
 # Debian's prometheus package, for its `prometheus` and `promtool`: the tests start their own

@@ -2,6 +2,10 @@
 #
 #   install_debian_packages WHAT PACKAGE...   installs the packages that are not installed yet
 #                                             (apt-get update first), saying "installing WHAT"
+#
+# The set-up's steps can overlap (scripts/test.sh builds container images beside PostgreSQL),
+# so apt waits for another apt's or dpkg's lock instead of failing at once.
+APT_LOCK_WAIT=(-o DPkg::Lock::Timeout=600)
 
 install_debian_packages() {
     local what=$1 pkg missing=()
@@ -13,6 +17,7 @@ install_debian_packages() {
     printf '==> installing %s: %s\n' "$what" "${missing[*]}" >&2
     local sudo=()
     [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-    "${sudo[@]}" apt-get update -qq
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    "${sudo[@]}" apt-get "${APT_LOCK_WAIT[@]}" update -qq
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get "${APT_LOCK_WAIT[@]}" install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
 }
