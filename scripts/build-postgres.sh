@@ -19,7 +19,8 @@
 # A mirror's package pool can lag its index (seen 2026-11-23: trixie's Sources named 17.12,
 # whose files the mirror did not have yet). Then the earlier Debian versions listed in
 # EARLIER_VERSIONS are tried: their .dsc is checked with gpgv against Debian's keyring (the
-# debian-keyring package) and the tarball against the .dsc's SHA-256.
+# debian-keyring package) and the tarball against the .dsc's SHA-256; a signature that does
+# not check fails the build (it is not taken for a missing source).
 #
 # Exit status 0: installed; 3: this major cannot be had here (no source package in the
 # mirror's trixie or sid), with one line saying so; anything else: a failed build.
@@ -100,6 +101,8 @@ EOF
     local version
     for version in ${pool:+${EARLIER_VERSIONS[$MAJOR]:-}}; do
         fetch_verified "$mirror/$pool" "$version" && return
+        # A signature that does not check is an error, not a source that is missing.
+        [ $? -ne 4 ] || return 1
     done
     echo "PostgreSQL $MAJOR: no source package postgresql-$MAJOR could be downloaded from Debian trixie or sid" >&2
     return 3
@@ -111,12 +114,12 @@ fetch_verified() {
     local url=$1 version=$2 dsc orig sum
     dsc="postgresql-${MAJOR}_${version}.dsc"
     log "the mirror lacks the newest postgresql-$MAJOR; trying $version, checked with Debian's keyring"
-    install_debian_packages "Debian's keyring (to check the .dsc)" debian-keyring || return 1
+    install_debian_packages "Debian's keyring (to check the .dsc)" debian-keyring || return 4
     (cd "$CACHE" && curl -fsS -o "$dsc.part" "$url/$dsc") || return 1
     if ! gpgv --keyring /usr/share/keyrings/debian-keyring.gpg "$CACHE/$dsc.part" 2>/dev/null; then
         echo "$dsc: bad or unknown signature" >&2
         rm -f "$CACHE/$dsc.part"
-        return 1
+        return 4
     fi
     read -r sum _ orig < <(sed -n '/^Checksums-Sha256:/,/^[^ ]/p' "$CACHE/$dsc.part" | grep -E ' postgresql-[0-9]+_[^ ]+\.orig\.tar\.[a-z0-9]+$')
     [ -n "${orig:-}" ] || return 1
