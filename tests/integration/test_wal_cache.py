@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cgroups import BlkioThrottle, controller_available, data_device
+from harness.cgroups import BlkioThrottle, MemoryCgroup, controller_available, data_device
 from harness.cluster import Cluster, Node, pgbench, run_pg
 from harness.logical import (PAGE, Recvlogical, lsn_to_int, pages_between, resident_bytes,
                              wal_cache_row, wal_cache_status)
@@ -466,10 +466,33 @@ def test_an_oversized_cache_is_capped_at_a_quarter_of_physical_memory():
         status = wal_cache_status(primary)
         assert status["size_blocks"] == cap_pages, status
         log = server_log(primary)
-    warning = re.search(r"WARNING:  ccm\.logical_wal_cache \(33554432 kB\) exceeds a quarter of physical "
-                        r"memory, using (\d+) kB", log)
+    warning = re.search(r"WARNING:  ccm\.logical_wal_cache \(33554432 kB\) exceeds a quarter of the "
+                        r"server.s memory, using (\d+) kB", log)
     assert warning and int(warning.group(1)) == cap_pages * PAGE // 1024, log[-2000:]
     assert "HINT:  Lower ccm.logical_wal_cache." in log
+
+
+@pytest.mark.skipif(not controller_available("memory"), reason="no cgroup v1 memory controller here")
+def test_in_a_container_the_cap_is_a_quarter_of_the_memory_limit():
+    """A server in a memory cgroup (a container's limit) counts the limit, not the host's RAM:
+    512 MB asked under a 1 GB limit gives 256 MB, with the WARNING."""
+    limit = 1 << 30
+    cgroup = MemoryCgroup("pg_ccm_wal_cap", str(limit))
+    try:
+        cluster = Cluster(settings={**LOGICAL, "ccm.logical_wal_cache": "'512MB'"})
+        cluster.primary.wrapper = cgroup.wrapper
+        try:
+            cluster.create(extensions=("pg_ccm",), standby=False)
+            wait_for_worker(cluster.primary)
+            status = wal_cache_status(cluster.primary)
+            log = server_log(cluster.primary)
+        finally:
+            cluster.destroy()
+    finally:
+        cgroup.remove()
+    assert status["size_blocks"] == limit // 4 // PAGE, status
+    assert re.search(r"WARNING:  ccm\.logical_wal_cache \(524288 kB\) exceeds a quarter of the server.s "
+                     r"memory, using 262144 kB", log), log[-2000:]
 
 
 def test_a_failed_lock_is_retried_until_it_succeeds():

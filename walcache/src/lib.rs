@@ -7,9 +7,14 @@
 //! segment files and locks them in memory; this crate says *which* pages (`Window`,
 //! `segment_pieces`), how much of it to lock and in which steps (`lock_target`,
 //! `next_lock_step`, `capped_cache_pages`), and how a replication slot's progress turns into
-//! hits and misses (`SlotCounter`).
+//! hits and misses (`SlotCounter`). `memory` says how much memory the server may use: the
+//! host's RAM, or its cgroup's memory limit if smaller.
 
 use std::ops::Range;
+
+pub mod memory;
+
+pub use memory::usable_memory;
 
 /// WAL page size (PostgreSQL's XLOG_BLCKSZ; the extension asserts it matches).
 pub const WAL_PAGE: u64 = 8192;
@@ -28,18 +33,19 @@ pub fn effective_cache_pages(setting: i32) -> i32 {
     }
 }
 
-/// A quarter of physical memory: the largest cache the worker uses, whatever the setting
+/// A quarter of the server's memory (`memory::usable_memory`: the host's RAM, or its
+/// cgroup's memory limit if smaller): the largest cache the worker uses, whatever the setting
 /// (with CAP_IPC_LOCK nothing else bounds what it locks).
 pub const PHYSICAL_MEMORY_DIVISOR: u64 = 4;
 
-/// The cache size in pages for a host with `physical_memory` bytes of RAM: `pages`, at most
-/// a quarter of the RAM (but never below the minimum size); 0 stays 0 (off), and an unknown
-/// RAM size (0) caps nothing.
-pub fn capped_cache_pages(pages: u64, physical_memory: u64) -> u64 {
-    if pages == 0 || physical_memory == 0 {
+/// The cache size in pages for a server with `memory` bytes of memory
+/// (`memory::usable_memory`): `pages`, at most a quarter of the memory (but never below the
+/// minimum size); 0 stays 0 (off), and an unknown memory size (0) caps nothing.
+pub fn capped_cache_pages(pages: u64, memory: u64) -> u64 {
+    if pages == 0 || memory == 0 {
         return pages;
     }
-    let cap = (physical_memory / PHYSICAL_MEMORY_DIVISOR / WAL_PAGE).max(MIN_CACHE_PAGES as u64);
+    let cap = (memory / PHYSICAL_MEMORY_DIVISOR / WAL_PAGE).max(MIN_CACHE_PAGES as u64);
     pages.min(cap)
 }
 

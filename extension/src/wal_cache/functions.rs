@@ -123,7 +123,8 @@ fn mode(view: &CacheView) -> &'static str {
 /// The cache as the worker last published it. `mode`: off (`ccm.logical_wal_cache` = 0),
 /// starting (no worker yet), empty, locked (every held page locked in memory), partly locked
 /// (the lock limit covers only the newest pages, or locking is under way), mapped (no page
-/// locked). `size_blocks` is the size in use: the setting, at most a quarter of RAM.
+/// locked). `size_blocks` is the size in use: the setting, at most a quarter of the server's
+/// memory (the host's RAM, or its cgroup's memory limit if smaller).
 #[pg_extern(volatile, parallel_safe)]
 fn ccm_logical_wal_cache_status() -> TableIterator<
     'static,

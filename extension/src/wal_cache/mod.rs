@@ -5,6 +5,7 @@
 //! from memory. Per-slot hits and misses (`shared.rs`, `slots.rs`) and the Aurora functions
 //! (`functions.rs`) report what the cache did for each logical slot.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use pgrx::bgworkers::{BackgroundWorkerBuilder, BgWorkerStartTime};
@@ -20,7 +21,7 @@ pub fn setting_pages() -> u64 {
     ccm_walcache::effective_cache_pages(crate::gucs::LOGICAL_WAL_CACHE.get()).max(0) as u64
 }
 
-/// Bytes of physical memory (0 if unknown).
+/// Bytes of the host's physical memory (0 if unknown).
 pub fn physical_memory() -> u64 {
     let (pages, page_size) = unsafe {
         (
@@ -35,10 +36,20 @@ pub fn physical_memory() -> u64 {
     }
 }
 
-/// The cache size in WAL pages that the worker uses: the setting, at most a quarter of
-/// physical memory; 0 when the cache is off.
+/// Bytes of memory the server may use (0 if unknown): the host's physical memory, or the
+/// memory limit of the server's cgroup (a container's, a systemd unit's) if that is smaller.
+/// Read once per process: the postmaster reads it in `_PG_init` and the worker and backends
+/// it forks inherit the value, so they all agree on the cache size even if the limit changes
+/// (a changed limit applies at the next server start).
+pub fn usable_memory() -> u64 {
+    static USABLE_MEMORY: OnceLock<u64> = OnceLock::new();
+    *USABLE_MEMORY.get_or_init(|| ccm_walcache::usable_memory(physical_memory()))
+}
+
+/// The cache size in WAL pages that the worker uses: the setting, at most a quarter of the
+/// server's memory (`usable_memory`); 0 when the cache is off.
 pub fn cache_pages() -> u64 {
-    ccm_walcache::capped_cache_pages(setting_pages(), physical_memory())
+    ccm_walcache::capped_cache_pages(setting_pages(), usable_memory())
 }
 
 /// Called from `_PG_init`, after the GUCs are defined.

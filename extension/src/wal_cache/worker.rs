@@ -58,15 +58,15 @@ pub extern "C-unwind" fn pg_ccm_wal_cache_main(_argument: pg_sys::Datum) {
         pgrx::pg_sys::panic::ErrorReport::new(
             PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             format!(
-                "ccm.logical_wal_cache ({}) exceeds a quarter of physical memory, using {}",
+                "ccm.logical_wal_cache ({}) exceeds a quarter of the server's memory, using {}",
                 kilobytes(setting * ccm_walcache::WAL_PAGE),
                 kilobytes(pages * ccm_walcache::WAL_PAGE)
             ),
             "pg_ccm",
         )
         .set_detail(format!(
-            "The host has {} of physical memory, and locked WAL pages cannot be evicted.",
-            kilobytes(super::physical_memory())
+            "The server has {} of memory (the host's physical memory, or its cgroup's memory limit if smaller), and locked WAL pages cannot be evicted.",
+            kilobytes(super::usable_memory())
         ))
         .set_hint("Lower ccm.logical_wal_cache.")
         .report(PgLogLevel::WARNING);
