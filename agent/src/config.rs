@@ -127,7 +127,7 @@ config_keys! {
     /// A standby's replay lag (WAL received but not yet replayed) above which warming it
     /// pauses for the rest of the cycle (one batch per cycle while it lasts), or "off".
     max_replay_lag: String [env = "CCM_MAX_REPLAY_LAG", value_name = "SIZE"] = "16MB",
-    /// Blocks per ccm_prewarm call on the standby.
+    /// Blocks per ccm_prewarm call on the standby, 1 to 1048576.
     batch_blocks: u64 [env = "CCM_BATCH_BLOCKS", value_name = "N"] = 4096,
     /// Per-host connect timeout.
     connect_timeout: String [env = "CCM_CONNECT_TIMEOUT", value_name = "DURATION"] = "5s",
@@ -206,6 +206,10 @@ pub enum ConfigError {
     #[error("{key}: {message}")]
     Invalid { key: &'static str, message: String },
 }
+
+/// The extension's bound on one ccm_prewarm call (2^20 blocks, from 0.7.0 on): a larger
+/// batch would be refused by every call, so it is refused here, before any node is asked.
+pub const MAX_BATCH_BLOCKS: u64 = 1 << 20;
 
 fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
@@ -356,8 +360,14 @@ impl Config {
         if batch_blocks == 0 {
             return Err(invalid("batch_blocks", "must be at least 1"));
         }
-        if batch_blocks > i64::MAX as u64 {
-            return Err(invalid("batch_blocks", "too large"));
+        if batch_blocks > MAX_BATCH_BLOCKS {
+            return Err(invalid(
+                "batch_blocks",
+                format!(
+                    "{batch_blocks} is more than {MAX_BATCH_BLOCKS}, the most blocks ccm_prewarm \
+                     takes in one call"
+                ),
+            ));
         }
 
         Ok(Config {
@@ -957,6 +967,20 @@ mod tests {
             ),
             (
                 RawConfig {
+                    batch_blocks: Some(MAX_BATCH_BLOCKS + 1),
+                    ..base()
+                },
+                "batch_blocks",
+            ),
+            (
+                RawConfig {
+                    batch_blocks: Some(u64::MAX),
+                    ..base()
+                },
+                "batch_blocks",
+            ),
+            (
+                RawConfig {
                     primary: Some("host=a target_session_attrs=standby".into()),
                     ..base()
                 },
@@ -977,6 +1001,21 @@ mod tests {
             assert!(message.starts_with(key), "{message}");
             assert_eq!(key_of(err), key, "{shown}");
         }
+    }
+
+    #[test]
+    fn batch_blocks_is_bounded_by_what_ccm_prewarm_takes() {
+        let with = |n: u64| {
+            Config::validate(RawConfig {
+                batch_blocks: Some(n),
+                ..base()
+            })
+        };
+        assert_eq!(with(MAX_BATCH_BLOCKS).unwrap().batch_blocks, 1_048_576);
+        assert_eq!(
+            with(MAX_BATCH_BLOCKS + 1).unwrap_err().to_string(),
+            "batch_blocks: 1048577 is more than 1048576, the most blocks ccm_prewarm takes in one call"
+        );
     }
 
     #[test]

@@ -89,8 +89,166 @@ pub struct NodeFacts {
     /// shared_buffers in 8 kB blocks.
     pub shared_buffers: i64,
     pub database: String,
+    /// The catalog's version (pg_extension.extversion), replicated from the primary.
     pub extension_version: Option<String>,
     pub server_version: String,
+    /// The version of the pg_ccm library this server has loaded (ccm.library_version, 0.7.0
+    /// on); None when it is older or not preloaded.
+    pub library_version: Option<String>,
+}
+
+impl NodeFacts {
+    /// What this node's library can do under its catalog.
+    pub fn skew(&self) -> Skew {
+        library_skew(
+            self.extension_version.as_deref(),
+            self.library_version.as_deref(),
+        )
+    }
+
+    /// The version whose SQL the agent speaks to this node: every feature gate asks this,
+    /// so that the catalog and the library are weighed by one rule (`Skew::sql_version`).
+    pub fn sql_version(&self) -> Option<Version> {
+        self.skew().sql_version()
+    }
+
+    fn supports(&self, since: Version) -> bool {
+        self.sql_version().is_some_and(|v| v >= since)
+    }
+
+    /// The error for a library older than the catalog: no pg_ccm function may be called.
+    fn require_library(&self, host: String) -> Result<(), NodeError> {
+        match self.skew() {
+            Skew::LibraryOlder { catalog, .. } => Err(NodeError::LibraryOlderThanCatalog {
+                host,
+                library: self.library_version.clone(),
+                catalog: self
+                    .extension_version
+                    .clone()
+                    .unwrap_or_else(|| catalog.to_string()),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The warning for a library newer than the catalog: it works (with the catalog's SQL),
+    /// but the upgrade is half done. None otherwise.
+    fn catalog_behind(&self, host: &str) -> Option<String> {
+        match self.skew() {
+            Skew::CatalogOlder { .. } => Some(format!(
+                "{host}: the extension's catalog ({}) is older than the loaded pg_ccm library \
+                 ({}); run ALTER EXTENSION pg_ccm UPDATE on the primary",
+                self.extension_version.as_deref().unwrap_or("?"),
+                self.library_version.as_deref().unwrap_or("?"),
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// An extension version, compared part by part as numbers ("0.10.0" is after "0.9.0").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version(pub u32, pub u32, pub u32);
+
+impl Version {
+    /// One to three dot-separated numbers ("0.7.0", "1.0"); None for anything else, so that
+    /// a library version the agent cannot read counts as unknown, never as some guess.
+    pub fn parse(text: &str) -> Option<Version> {
+        let mut parts = [0u32; 3];
+        for (i, part) in text.split('.').enumerate() {
+            let slot = parts.get_mut(i)?;
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            *slot = part.parse().ok()?;
+        }
+        Some(Version(parts[0], parts[1], parts[2]))
+    }
+
+    /// The catalog's version, read as the agent always has: a part that is not a number
+    /// counts as 0, so an odd extversion turns features off instead of failing the node.
+    fn lenient(text: &str) -> Version {
+        let mut parts = text.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        let mut next = || parts.next().unwrap_or(0);
+        Version(next(), next(), next())
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+/// The first library that tells its version (ccm.library_version); older ones leave it NULL.
+pub const LIBRARY_VERSION_SINCE: Version = Version(0, 7, 0);
+
+/// How a node's loaded library stands against the extension's catalog. During a rolling
+/// upgrade they differ: the catalog replicates from the primary at once, while each node
+/// loads its library at its own restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skew {
+    /// No catalog: the extension is not installed in the database.
+    NoCatalog,
+    /// A library that does not tell its version under a catalog from before it could: the
+    /// catalog decides, as it always did.
+    Legacy(Version),
+    /// Library and catalog of one version.
+    Same(Version),
+    /// The library is newer: it still answers the catalog's SQL, which is what the agent
+    /// speaks until ALTER EXTENSION pg_ccm UPDATE.
+    CatalogOlder { catalog: Version, library: Version },
+    /// The library is older than the catalog (None: older than 0.7.0, or not preloaded): the
+    /// catalog may name functions or C symbols it lacks, so nothing of pg_ccm is called.
+    LibraryOlder {
+        catalog: Version,
+        library: Option<Version>,
+    },
+}
+
+impl Skew {
+    /// The version whose SQL fits both: the lower of catalog and library.
+    pub fn sql_version(self) -> Option<Version> {
+        match self {
+            Skew::NoCatalog => None,
+            Skew::Legacy(v) | Skew::Same(v) => Some(v),
+            Skew::CatalogOlder { catalog, .. } => Some(catalog),
+            Skew::LibraryOlder { library, .. } => library,
+        }
+    }
+}
+
+/// Pure: the skew of a catalog version (extversion) and a library version
+/// (ccm.library_version), both as the node reports them. An unreadable library version
+/// counts as unknown.
+pub fn library_skew(catalog: Option<&str>, library: Option<&str>) -> Skew {
+    let Some(catalog) = catalog.map(Version::lenient) else {
+        return Skew::NoCatalog;
+    };
+    match library.and_then(Version::parse) {
+        None if catalog < LIBRARY_VERSION_SINCE => Skew::Legacy(catalog),
+        library @ None => Skew::LibraryOlder { catalog, library },
+        Some(v) if v < catalog => Skew::LibraryOlder {
+            catalog,
+            library: Some(v),
+        },
+        Some(library) if library > catalog => Skew::CatalogOlder { catalog, library },
+        Some(_) => Skew::Same(catalog),
+    }
+}
+
+/// Whether ccm_buffer_changes() can be called. From 0.7.0 on the library refuses the 0.5.0
+/// catalog's declaration of it (55000: arguments and columns not the library's), so that
+/// pairing keeps to the filter exchange until the catalog is updated.
+fn change_feed_works(skew: Skew) -> bool {
+    let Some(version) = skew.sql_version() else {
+        return false;
+    };
+    let new_library = match skew {
+        Skew::CatalogOlder { library, .. } => library >= LIBRARY_VERSION_SINCE,
+        _ => false,
+    };
+    version >= CHANGE_FEED_SINCE && (version >= COLDER_FEED_SINCE || !new_library)
 }
 
 /// Every variant's message is complete on its own (the server's message, SQLSTATE and DETAIL
@@ -125,6 +283,18 @@ pub enum NodeError {
     ExtensionMissing { host: String, database: String },
     #[error("Cluster Cache Manager is disabled on {host} (ccm.enabled = off)")]
     Disabled { host: String },
+    /// Raised after connecting, before any pg_ccm call (see `Skew::LibraryOlder`).
+    #[error(
+        "{host}: the pg_ccm library this server has loaded ({}) is older than the extension's \
+         catalog ({catalog}); install pg_ccm {catalog} on this node and restart it (libraries \
+         on every node first, then ALTER EXTENSION pg_ccm UPDATE)",
+        .library.as_deref().unwrap_or("older than 0.7.0")
+    )]
+    LibraryOlderThanCatalog {
+        host: String,
+        library: Option<String>,
+        catalog: String,
+    },
     #[error("{host}: {what} failed: {}", describe(.error))]
     Query {
         host: String,
@@ -201,7 +371,10 @@ impl NodeError {
                 None => true,
                 Some(db) => error.is_closed() || is_fatal(db),
             },
-            NodeError::Disabled { .. } | NodeError::Unexpected { .. } => false,
+            // The session is sound; the library only changes with a restart, which ends it.
+            NodeError::Disabled { .. }
+            | NodeError::Unexpected { .. }
+            | NodeError::LibraryOlderThanCatalog { .. } => false,
             _ => true,
         }
     }
@@ -390,32 +563,21 @@ pub struct WalCacheSlot {
 }
 
 /// The first extension version with the logical WAL cache.
-const WAL_CACHE_SINCE: (u32, u32) = (0, 2);
+const WAL_CACHE_SINCE: Version = Version(0, 2, 0);
 /// The first with ccm_hot_blocks_each() (one scan for several standbys) and ccm_wal_source().
-const MULTI_STANDBY_SINCE: (u32, u32) = (0, 4);
+const MULTI_STANDBY_SINCE: Version = Version(0, 4, 0);
 /// The first with ccm_buffer_changes() (the change feed).
-pub const CHANGE_FEED_SINCE: (u32, u32) = (0, 5);
+pub const CHANGE_FEED_SINCE: Version = Version(0, 5, 0);
 /// The first whose change feed reports the colder blocks too (fill_room without filters).
-pub const COLDER_FEED_SINCE: (u32, u32) = (0, 6);
-
-fn at_least(extension_version: Option<&str>, since: (u32, u32)) -> bool {
-    let Some(version) = extension_version else {
-        return false;
-    };
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= since
-}
-
-fn has_wal_cache(extension_version: Option<&str>) -> bool {
-    at_least(extension_version, WAL_CACHE_SINCE)
-}
+pub const COLDER_FEED_SINCE: Version = Version(0, 6, 0);
 
 const SQL_FACTS: &str = "SELECT pg_is_in_recovery(), \
      (SELECT system_identifier FROM pg_control_system())::text, \
      (SELECT setting::int8 FROM pg_settings WHERE name = 'shared_buffers'), \
      current_database()::text, \
      (SELECT extversion FROM pg_extension WHERE extname = 'pg_ccm')::text, \
-     split_part(current_setting('server_version'), ' ', 1)";
+     split_part(current_setting('server_version'), ' ', 1), \
+     current_setting('ccm.library_version', true)";
 const SQL_FILTER: &str = "SELECT pg_is_in_recovery(), ccm_buffer_filter($1::float8)";
 const SQL_HOT_BLOCKS: &str = "SELECT pg_is_in_recovery(), ccm_hot_blocks($1::bytea, $2::int8)";
 /// Every cached block (usage count 1 and up): a threshold other than ccm.usage_threshold
@@ -722,6 +884,7 @@ impl Node {
                 database: String::new(),
                 extension_version: None,
                 server_version: String::new(),
+                library_version: None,
             },
             client,
             tls,
@@ -752,6 +915,7 @@ impl Node {
             database: col.get::<Option<String>>(3)?.unwrap_or_default(),
             extension_version: col.get(4)?,
             server_version: col.get::<Option<String>>(5)?.unwrap_or_default(),
+            library_version: col.get(6)?,
         };
         Ok(node)
     }
@@ -773,8 +937,15 @@ impl Node {
         self.client.is_closed()
     }
 
-    /// The error for a node of the right role that lacks the extension.
+    /// The error for a node of the right role that cannot be called: the extension is
+    /// missing, or its library is older than the catalog.
     pub fn require_extension(&self) -> Result<(), NodeError> {
+        self.require_catalog()?;
+        self.require_library()
+    }
+
+    /// The catalog alone: the same on every node of a cluster.
+    pub fn require_catalog(&self) -> Result<(), NodeError> {
         match self.facts.extension_version {
             Some(_) => Ok(()),
             None => Err(NodeError::ExtensionMissing {
@@ -782,6 +953,16 @@ impl Node {
                 database: self.facts.database.clone(),
             }),
         }
+    }
+
+    /// This node's library against the catalog (a missing catalog is not its business).
+    pub fn require_library(&self) -> Result<(), NodeError> {
+        self.facts.require_library(self.label())
+    }
+
+    /// The warning for a library newer than the catalog, to log once per connection.
+    pub fn catalog_behind(&self) -> Option<String> {
+        self.facts.catalog_behind(&self.label())
     }
 
     /// Runs one call with the client-side deadline, giving way to shutdown. On either, the
@@ -918,7 +1099,7 @@ impl Node {
     /// Whether the installed extension serves several standbys with one scan
     /// (ccm_hot_blocks_each) and tells where a node's WAL comes from (ccm_wal_source).
     pub fn multi_standby(&self) -> bool {
-        at_least(self.facts.extension_version.as_deref(), MULTI_STANDBY_SINCE)
+        self.facts.supports(MULTI_STANDBY_SINCE)
     }
 
     /// Primary: one scan, one list per filter (None: nothing known of that standby), each
@@ -946,12 +1127,12 @@ impl Node {
 
     /// Whether the installed extension has the change feed (ccm_buffer_changes).
     pub fn has_change_feed(&self) -> bool {
-        at_least(self.facts.extension_version.as_deref(), CHANGE_FEED_SINCE)
+        change_feed_works(self.facts.skew())
     }
 
     /// Whether its change feed reports the colder blocks too (extension 0.6.0).
     pub fn has_colder_feed(&self) -> bool {
-        at_least(self.facts.extension_version.as_deref(), COLDER_FEED_SINCE)
+        self.facts.supports(COLDER_FEED_SINCE)
     }
 
     /// The change feed's next answer for `subscriber`, with the recovery state at the same
@@ -1069,7 +1250,7 @@ impl Node {
     /// Primary: its logical WAL cache and the slots' counters; None when the installed
     /// extension predates the cache.
     pub async fn wal_cache(&mut self) -> Result<Option<WalCacheStatus>, NodeError> {
-        if !has_wal_cache(self.facts.extension_version.as_deref()) {
+        if !self.facts.supports(WAL_CACHE_SINCE) {
             return Ok(None);
         }
         const WHAT: &str = "ccm_logical_wal_cache_status()";
@@ -1157,6 +1338,7 @@ pub async fn resolve(
             Ok(node) if node.facts.in_recovery == side.wants_recovery() => {
                 // The extension lives in the catalog every node of the cluster shares, so
                 // its absence is final for this string: say so plainly instead of trying on.
+                // So is an old library on the one node of this role.
                 if strict {
                     node.require_extension()?;
                 }
@@ -1185,13 +1367,200 @@ pub async fn resolve(
 mod tests {
     use super::*;
 
+    fn facts(catalog: Option<&str>, library: Option<&str>) -> NodeFacts {
+        NodeFacts {
+            in_recovery: true,
+            system_identifier: "1".into(),
+            shared_buffers: 16384,
+            database: "postgres".into(),
+            extension_version: catalog.map(Into::into),
+            server_version: "17.2".into(),
+            library_version: library.map(Into::into),
+        }
+    }
+
     #[test]
-    fn wal_cache_needs_extension_0_2() {
-        assert!(!has_wal_cache(None));
-        assert!(!has_wal_cache(Some("0.1.0")));
-        assert!(has_wal_cache(Some("0.2.0")));
-        assert!(has_wal_cache(Some("0.10.1")));
-        assert!(has_wal_cache(Some("1.0")));
+    fn versions_compare_as_numbers() {
+        assert_eq!(Version::parse("0.7.0"), Some(Version(0, 7, 0)));
+        assert_eq!(Version::parse("1.0"), Some(Version(1, 0, 0)));
+        assert_eq!(Version::parse("2"), Some(Version(2, 0, 0)));
+        assert!(Version::parse("0.10.0") > Version::parse("0.9.0"));
+        assert!(Version::parse("1.0") > Version::parse("0.99.99"));
+        for bad in [
+            "",
+            ".",
+            "0..1",
+            "0.7.",
+            "0.7.0.1",
+            "0.7.0-dev",
+            "v0.7.0",
+            " 0.7.0",
+            "+1.0",
+            "-1.0",
+            "0.7.x",
+            "99999999999.0",
+            "０.７.０",
+        ] {
+            assert_eq!(Version::parse(bad), None, "{bad:?}");
+        }
+        // The catalog reads leniently, as it always did: non-numbers count as 0.
+        assert_eq!(Version::lenient("0.6.0"), Version(0, 6, 0));
+        assert_eq!(Version::lenient("1.0"), Version(1, 0, 0));
+        assert_eq!(Version::lenient("weird"), Version(0, 0, 0));
+        assert_eq!(Version::lenient(""), Version(0, 0, 0));
+    }
+
+    #[test]
+    fn library_skew_cases() {
+        let v = |s: &str| Version::parse(s).unwrap();
+        // No catalog: whatever the library.
+        assert_eq!(library_skew(None, None), Skew::NoCatalog);
+        assert_eq!(library_skew(None, Some("0.7.0")), Skew::NoCatalog);
+        // A library that does not tell, under a catalog from before it could.
+        assert_eq!(library_skew(Some("0.6.0"), None), Skew::Legacy(v("0.6.0")));
+        assert_eq!(library_skew(Some("0.1.0"), None), Skew::Legacy(v("0.1.0")));
+        // ... under a catalog that expects a library that tells: an old library.
+        let old = |catalog: &str, library: Option<&str>| Skew::LibraryOlder {
+            catalog: v(catalog),
+            library: library.map(v),
+        };
+        assert_eq!(library_skew(Some("0.7.0"), None), old("0.7.0", None));
+        assert_eq!(
+            library_skew(Some("0.8.0"), Some("0.7.0")),
+            old("0.8.0", Some("0.7.0"))
+        );
+        assert_eq!(
+            library_skew(Some("0.10.0"), Some("0.9.0")),
+            old("0.10.0", Some("0.9.0"))
+        );
+        // A library newer than the catalog.
+        let newer = |catalog: &str, library: &str| Skew::CatalogOlder {
+            catalog: v(catalog),
+            library: v(library),
+        };
+        assert_eq!(
+            library_skew(Some("0.6.0"), Some("0.7.0")),
+            newer("0.6.0", "0.7.0")
+        );
+        assert_eq!(
+            library_skew(Some("0.9.0"), Some("0.10.0")),
+            newer("0.9.0", "0.10.0")
+        );
+        // Equal, however spelt.
+        assert_eq!(
+            library_skew(Some("0.7.0"), Some("0.7.0")),
+            Skew::Same(v("0.7.0"))
+        );
+        assert_eq!(
+            library_skew(Some("1.0"), Some("1.0.0")),
+            Skew::Same(v("1.0"))
+        );
+        // An unreadable library version is unknown; an odd catalog reads leniently.
+        assert_eq!(
+            library_skew(Some("0.7.0"), Some("garbage")),
+            old("0.7.0", None)
+        );
+        assert_eq!(
+            library_skew(Some("0.7.0"), Some("0.7.0-dev")),
+            old("0.7.0", None)
+        );
+        assert_eq!(
+            library_skew(Some("0.6.0"), Some("")),
+            Skew::Legacy(v("0.6.0"))
+        );
+        assert_eq!(
+            library_skew(Some("weird"), None),
+            Skew::Legacy(Version(0, 0, 0))
+        );
+    }
+
+    #[test]
+    fn gates_use_the_lower_of_catalog_and_library() {
+        let sql = |c: Option<&str>, l: Option<&str>| facts(c, l).sql_version();
+        let v = |s: &str| Version::parse(s);
+        assert_eq!(sql(None, Some("0.7.0")), None);
+        assert_eq!(sql(Some("0.6.0"), None), v("0.6.0"));
+        assert_eq!(sql(Some("0.6.0"), Some("0.7.0")), v("0.6.0"));
+        assert_eq!(sql(Some("0.7.0"), Some("0.7.0")), v("0.7.0"));
+        assert_eq!(sql(Some("0.8.0"), Some("0.7.0")), v("0.7.0"));
+        assert_eq!(sql(Some("0.7.0"), None), None);
+
+        // The logical WAL cache from 0.2 on.
+        assert!(!facts(None, None).supports(WAL_CACHE_SINCE));
+        assert!(!facts(Some("0.1.0"), None).supports(WAL_CACHE_SINCE));
+        assert!(facts(Some("0.2.0"), None).supports(WAL_CACHE_SINCE));
+        assert!(facts(Some("0.10.1"), Some("0.10.1")).supports(WAL_CACHE_SINCE));
+        assert!(facts(Some("1.0"), Some("1.0")).supports(WAL_CACHE_SINCE));
+        // A library that does not tell under a 0.7.0 catalog opens no gate at all.
+        assert!(!facts(Some("0.7.0"), None).supports(WAL_CACHE_SINCE));
+
+        let feed = |c: &str, l: Option<&str>| change_feed_works(facts(Some(c), l).skew());
+        let colder = |c: &str, l: Option<&str>| facts(Some(c), l).supports(COLDER_FEED_SINCE);
+        assert!(!feed("0.4.0", None) && facts(Some("0.4.0"), None).supports(MULTI_STANDBY_SINCE));
+        assert!(feed("0.5.0", None) && !colder("0.5.0", None));
+        assert!(feed("0.6.0", None) && colder("0.6.0", None));
+        assert!(feed("0.7.0", Some("0.7.0")) && colder("0.7.0", Some("0.7.0")));
+        // The 0.7.0 library answers the 0.6.0 catalog's feed, not the 0.5.0 catalog's.
+        assert!(feed("0.6.0", Some("0.7.0")) && colder("0.6.0", Some("0.7.0")));
+        assert!(!feed("0.5.0", Some("0.7.0")));
+        assert!(!feed("0.7.0", None) && !colder("0.7.0", None));
+    }
+
+    #[test]
+    fn skew_messages() {
+        let err = facts(Some("0.7.0"), None)
+            .require_library("db2:5432".into())
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "db2:5432: the pg_ccm library this server has loaded (older than 0.7.0) is older \
+             than the extension's catalog (0.7.0); install pg_ccm 0.7.0 on this node and restart \
+             it (libraries on every node first, then ALTER EXTENSION pg_ccm UPDATE)"
+        );
+        assert!(!err.breaks_connection());
+        assert_eq!(err.class(), ErrorClass::Other);
+        let err = facts(Some("0.10.0"), Some("0.9.0"))
+            .require_library("h:1".into())
+            .unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "h:1: the pg_ccm library this server has loaded (0.9.0) is older than the \
+                 extension's catalog (0.10.0); install pg_ccm 0.10.0"
+            ),
+            "{err}"
+        );
+        for (c, l) in [
+            (None, None),
+            (Some("0.6.0"), None),
+            (Some("0.7.0"), Some("0.7.0")),
+            (Some("0.6.0"), Some("0.7.0")),
+        ] {
+            assert!(
+                facts(c, l).require_library("h".into()).is_ok(),
+                "{c:?} {l:?}"
+            );
+        }
+        assert_eq!(
+            facts(Some("0.6.0"), Some("0.7.0"))
+                .catalog_behind("db1:5432")
+                .as_deref(),
+            Some(
+                "db1:5432: the extension's catalog (0.6.0) is older than the loaded pg_ccm \
+                 library (0.7.0); run ALTER EXTENSION pg_ccm UPDATE on the primary"
+            )
+        );
+        assert_eq!(
+            facts(Some("0.7.0"), Some("0.7.0")).catalog_behind("h"),
+            None
+        );
+        assert_eq!(facts(Some("0.6.0"), None).catalog_behind("h"), None);
+    }
+
+    #[test]
+    fn facts_query_reads_the_library_version_last() {
+        assert!(SQL_FACTS.ends_with(", current_setting('ccm.library_version', true)"));
+        assert!(SQL_FACTS.starts_with("SELECT pg_is_in_recovery(), "));
+        assert!(!SQL_FACTS.contains(';'), "one statement");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! Status connects leniently: when no host of a side has the expected role it still shows the
 //! first reachable one, because "the standby side points at a primary" is exactly what an
 //! operator needs to see. Anything that would stop `run` from syncing (a node unreachable, a
-//! wrong role, different systems, a missing extension) makes the exit code non-zero.
+//! wrong role, different systems, a missing extension, a library older than the catalog)
+//! makes the exit code non-zero.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -29,7 +30,11 @@ pub struct NodeReport {
     /// "primary" or "standby", as pg_is_in_recovery() says.
     pub role: Option<&'static str>,
     pub system_identifier: Option<String>,
+    /// The catalog's version (pg_extension.extversion).
     pub extension_version: Option<String>,
+    /// The version of the pg_ccm library the server has loaded; None when it does not tell
+    /// (older than 0.7.0, or not preloaded).
+    pub library_version: Option<String>,
     pub server_version: Option<String>,
     /// Why the node could not be reached or used, if so.
     pub error: Option<String>,
@@ -43,6 +48,7 @@ impl NodeReport {
             role: Some(node.role()),
             system_identifier: Some(node.facts.system_identifier.clone()),
             extension_version: node.facts.extension_version.clone(),
+            library_version: node.facts.library_version.clone(),
             server_version: Some(node.facts.server_version.clone()),
             error: None,
         }
@@ -199,19 +205,24 @@ fn node_line(out: &mut String, side: &str, n: &NodeReport) {
         (Some(h), Some(p)) => format!("{h}:{p}"),
         _ => "?".to_string(),
     };
-    match &n.error {
-        Some(e) => {
+    match (&n.error, n.role) {
+        (Some(e), None) => {
             let _ = writeln!(out, "{side:<8} {addr}  UNREACHABLE: {e}");
         }
-        None => {
+        // Reached: what it said, then why it is not used, if so.
+        (error, role) => {
             let _ = writeln!(
                 out,
-                "{side:<8} {addr}  role {}  system {}  pg_ccm {}  PostgreSQL {}",
-                n.role.unwrap_or("?"),
+                "{side:<8} {addr}  role {}  system {}  pg_ccm {} (library {})  PostgreSQL {}",
+                role.unwrap_or("?"),
                 n.system_identifier.as_deref().unwrap_or("?"),
                 n.extension_version.as_deref().unwrap_or("not installed"),
+                n.library_version.as_deref().unwrap_or("unknown"),
                 n.server_version.as_deref().unwrap_or("?"),
             );
+            if let Some(e) = error {
+                let _ = writeln!(out, "{:<8} {addr}  NOT USED: {e}", "");
+            }
         }
     }
 }
@@ -288,6 +299,11 @@ pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport
                 ));
             }
             report.primary = NodeReport::from_node(&n);
+            // Nothing of pg_ccm is called on it then, so no number can be had.
+            if let Err(e) = n.require_library() {
+                report.primary.error = Some(e.to_string());
+                report.problems.push(format!("primary: {e}"));
+            }
             Some(n)
         }
         Err(e) => {
@@ -337,7 +353,7 @@ pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport
     if let Some(Err(e)) = primary
         .as_ref()
         .or(nodes.first().map(|(_, n)| n))
-        .map(Node::require_extension)
+        .map(Node::require_catalog)
     {
         report.problems.push(e.to_string());
     }
@@ -345,6 +361,17 @@ pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport
     // no number means anything. A standby that is down or of another system is a problem
     // of its own, and the others are still measured (a rolling restart waits on them).
     let blocked = !report.problems.is_empty();
+    // A standby whose library is older than the catalog is not called (its coverage stays
+    // unknown): a problem of its own, as `run` has it.
+    nodes.retain(|(i, s)| match s.require_library() {
+        Ok(()) => true,
+        Err(e) => {
+            let entry = &mut report.standbys[*i];
+            entry.node.error = Some(e.to_string());
+            standby_problems.push(format!("standby {}: {e}", entry.name));
+            false
+        }
+    });
     if let Some(p) = &primary {
         let mut others = Vec::new();
         nodes.retain(|(i, s)| match node::check_same_system(p, s) {
@@ -451,13 +478,17 @@ pub async fn check_connections(cfg: Arc<Config>, cancel: CancellationToken) -> (
     let mut ok = true;
     let describe = |n: &Node| {
         format!(
-            "{} ok (role {}, system {}, pg_ccm {}, PostgreSQL {}, shared_buffers {} blocks)",
+            "{} ok (role {}, system {}, pg_ccm {}, library {}, PostgreSQL {}, shared_buffers {} blocks){}",
             n.label(),
             n.role(),
             n.facts.system_identifier,
             n.facts.extension_version.as_deref().unwrap_or("?"),
+            n.facts.library_version.as_deref().unwrap_or("unknown"),
             n.facts.server_version,
-            n.facts.shared_buffers
+            n.facts.shared_buffers,
+            n.catalog_behind()
+                .map(|w| format!("; warning: {w}"))
+                .unwrap_or_default()
         )
     };
     match &primary {
@@ -522,7 +553,8 @@ mod tests {
             port: Some(port),
             role: Some(role),
             system_identifier: Some("7312345678901234567".into()),
-            extension_version: Some("0.1.0".into()),
+            extension_version: Some("0.7.0".into()),
+            library_version: Some("0.7.0".into()),
             server_version: Some("15.8".into()),
             error: None,
         };
@@ -579,11 +611,13 @@ mod tests {
                 "role",
                 "system_identifier",
                 "extension_version",
+                "library_version",
             ] {
                 assert!(v[side].get(key).is_some(), "{side}.{key} missing: {v}");
             }
         }
         assert_eq!(v["primary"]["role"], "primary");
+        assert_eq!(v["primary"]["library_version"], "0.7.0");
         assert_eq!(v["standby"]["port"], 5433);
         assert_eq!(v["hot_buffers"], 1000);
         assert_eq!(v["missing"], 20);
@@ -614,6 +648,7 @@ mod tests {
         };
         let v = serde_json::to_value(r).unwrap();
         assert!(v["primary"]["host"].is_null());
+        assert!(v["primary"]["library_version"].is_null());
         assert!(v["coverage"].is_null());
         assert!(v["status"].is_null());
         assert_eq!(v["ok"], false);
@@ -624,6 +659,7 @@ mod tests {
         let text = sample().to_text();
         assert!(text.contains("127.0.0.1:5432"), "{text}");
         assert!(text.contains("role standby"), "{text}");
+        assert!(text.contains("pg_ccm 0.7.0 (library 0.7.0)"), "{text}");
         assert!(text.contains("coverage 98.0%"), "{text}");
         assert!(text.contains("(10.0/s)"), "{text}");
         assert!(
@@ -639,6 +675,33 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("PROBLEM"), "{text}");
+    }
+
+    #[test]
+    fn a_node_not_used_is_shown_with_its_reason() {
+        let mut r = sample();
+        let why = "127.0.0.1:5433: the pg_ccm library this server has loaded (older than \
+                   0.7.0) is older than the extension's catalog (0.7.0); install pg_ccm 0.7.0 \
+                   on this node and restart it (libraries on every node first, then ALTER \
+                   EXTENSION pg_ccm UPDATE)";
+        r.standbys[0].node.library_version = None;
+        r.standbys[0].node.error = Some(why.into());
+        r.standbys[0].coverage = None;
+        let text = r.to_text();
+        assert!(
+            text.contains(
+                "role standby  system 7312345678901234567  pg_ccm 0.7.0 (library unknown)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("127.0.0.1:5433  NOT USED: {why}")),
+            "{text}"
+        );
+        assert!(!text.contains("UNREACHABLE"), "{text}");
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(v["standbys"][0]["library_version"].is_null(), "{v}");
+        assert_eq!(v["standbys"][0]["error"], why);
     }
 
     #[tokio::test]

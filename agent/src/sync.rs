@@ -385,7 +385,7 @@ pub struct Syncer {
     subscriber: i64,
     /// Use the change feed where every node has it (config change_feed; not for sync --once).
     feed_wanted: bool,
-    /// "predates the change feed" was logged for this extension version.
+    /// "predates the change feed" was logged for this catalog and library version.
     feed_absent_logged: Option<String>,
     /// The primary's hot set at the last cycle, whichever exchange counted it.
     last_hot_set: u64,
@@ -588,10 +588,14 @@ impl Syncer {
             system_identifier = %node.facts.system_identifier,
             server_version = %node.facts.server_version,
             pg_ccm = node.facts.extension_version.as_deref().unwrap_or("?"),
+            pg_ccm_library = node.facts.library_version.as_deref().unwrap_or("?"),
             shared_buffers_blocks = node.facts.shared_buffers,
             timeline = source.as_ref().and_then(|s| s.timeline),
             "connected to the primary"
         );
+        if let Some(warning) = node.catalog_behind() {
+            warn!("{warning}");
+        }
         self.primary_addrs = addresses(&node.host).await;
         self.primary_source = source;
         self.metrics.set_node_up(Side::Primary, true);
@@ -710,10 +714,14 @@ impl Syncer {
             system_identifier = %node.facts.system_identifier,
             server_version = %node.facts.server_version,
             pg_ccm = node.facts.extension_version.as_deref().unwrap_or("?"),
+            pg_ccm_library = node.facts.library_version.as_deref().unwrap_or("?"),
             shared_buffers_blocks = node.facts.shared_buffers,
             "connected to the standby {}",
             standby.name
         );
+        if let Some(warning) = node.catalog_behind() {
+            warn!(standby = %standby.name, "{warning}");
+        }
         self.metrics.set_standby_up(&standby.name, true);
         self.metrics.set_node_up(Side::Standby, true);
         self.standbys[i].node = Some(node);
@@ -955,8 +963,9 @@ impl Syncer {
         }
     }
 
-    /// Whether this cycle uses the change feed: wanted, and the extension has it (the
-    /// catalog's version, the same on every node of a cluster). Said once per version when not.
+    /// Whether this cycle uses the change feed: wanted, and the primary and every connected
+    /// standby serve it (their catalog and their loaded library, see `Node::has_change_feed`).
+    /// Said once per catalog and library version when the primary does not.
     fn feed_mode(&mut self) -> bool {
         if !self.feed_wanted {
             return false;
@@ -964,25 +973,36 @@ impl Syncer {
         let primary = self.primary.as_ref().expect("connected by ensure_primary");
         if primary.has_change_feed() {
             // A standby too small for the hot set is served by the filter exchange, whose cap
-            // keeps it on the hottest part instead of trading blocks back and forth.
+            // keeps it on the hottest part instead of trading blocks back and forth; so is
+            // one whose library no longer serves the catalog's feed (0.7.0 under 0.5.0).
             let hot = self.last_hot_set;
             return !self
                 .standbys
                 .iter()
                 .filter_map(|s| s.node.as_ref())
-                .any(|n| u64::try_from(n.facts.shared_buffers).unwrap_or(0) < hot);
+                .any(|n| {
+                    u64::try_from(n.facts.shared_buffers).unwrap_or(0) < hot || !n.has_change_feed()
+                });
         }
-        let version = primary
-            .facts
-            .extension_version
-            .clone()
-            .unwrap_or_else(|| "?".into());
-        if self.feed_absent_logged.as_deref() != Some(version.as_str()) {
-            info!(
-                "extension {version} on {} predates the change feed (0.5.0); using the full filter exchange",
-                primary.label()
-            );
-            self.feed_absent_logged = Some(version);
+        let facts = &primary.facts;
+        let catalog = facts.extension_version.as_deref().unwrap_or("?");
+        let library = facts.library_version.as_deref().unwrap_or("?");
+        let seen = format!("{catalog} {library}");
+        if self.feed_absent_logged.as_deref() != Some(seen.as_str()) {
+            if facts.sql_version() < Some(node::CHANGE_FEED_SINCE) {
+                info!(
+                    "extension {catalog} on {} predates the change feed (0.5.0); using the full filter exchange",
+                    primary.label()
+                );
+            } else {
+                info!(
+                    "the pg_ccm library {library} on {} does not serve the change feed of the \
+                     extension's catalog {catalog}; using the full filter exchange until ALTER \
+                     EXTENSION pg_ccm UPDATE",
+                    primary.label()
+                );
+            }
+            self.feed_absent_logged = Some(seen);
         }
         false
     }

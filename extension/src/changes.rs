@@ -42,26 +42,36 @@
 //! (buffers.rs, the optimistic read that ccm_hot_blocks() uses); the probe looks a tag up
 //! the way PrefetchSharedBuffer() does (BufTableHashCode, the mapping partition's LWLock in
 //! shared mode, BufTableLookup, release) and pins nothing. Nothing here changes a buffer.
-//! The feed's own LWLock serializes callers and is held for the sweep (at most
-//! `max_buffers` headers); nobody else waits for it, and no other lock is taken under the
-//! mapping partition lock. Every allocation is bounded by `max_buffers` or by the probe's
-//! validated length (the probe is read in place) and made with `try_reserve`.
+//! The feed's own LWLock serializes callers. It is held for a slice of the sweep or the probe
+//! at a time (`SLICE` headers or probed blocks) and released between slices, where the call
+//! answers interrupts: LWLockAcquire holds them off, so a lock held for a whole pass would
+//! make a cancel, statement_timeout, a recovery conflict or a termination wait for the end
+//! of the pass. The pass is marked in shared memory with its backend's pid and local
+//! transaction id, so that another caller waits for it (as it would have waited for the
+//! lock) while that backend is still in that transaction, and sees a pass its caller left
+//! by ERROR or FATAL as interrupted. Nobody else waits for the lock, and no other lock is
+//! taken under the mapping partition lock. Every allocation is bounded by `max_buffers` or by
+//! the probe's validated length (the probe is read in place) and made with `try_reserve`.
 
 use ccm_codec::{encode_block_list, BlockAddress, BlockListView, HotBlock, MAX_FORK};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
 
 use crate::buffers;
+use crate::call_shape;
 use crate::compat;
 use crate::errors;
+use crate::failpoints;
 use crate::gucs;
 use crate::shmem::{self, ScanCounts};
 
 /// The threshold of a standby's feed: every cached block is in the set.
 const EVERY_CACHED_BLOCK: i32 = -1;
 
-/// Headers visited between two interrupt checks and progress reports.
-const PROGRESS_INTERVAL: usize = 16384;
+/// Headers visited (or blocks probed) under the lock at a time, between which the lock is
+/// released, interrupts are answered and the progress is reported. 16384 headers take well
+/// under a millisecond.
+const SLICE: usize = 16384;
 
 /// Which of the feed's sets a buffer's block was last reported in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,8 +134,12 @@ pub struct FeedState {
     threshold: i32,
     /// The colder set is reported too.
     colder: bool,
-    /// Set while a call sweeps: still set at the next call means that one failed midway.
+    /// Set while a call sweeps or probes: still set at the next call means that one is
+    /// between two slices (`sweeper` is in the same transaction) or failed midway.
     in_sweep: bool,
+    /// The backend and local transaction of the pass `in_sweep` marks.
+    sweeper_pid: i32,
+    sweeper_lxid: u32,
     cursor: u64,
     sweeps: u64,
     tracked: u64,
@@ -136,6 +150,49 @@ pub struct FeedState {
 unsafe impl PGRXSharedMemory for FeedState {}
 
 static FEED: PgLwLock<FeedState> = unsafe { PgLwLock::new(c"pg_ccm change feed") };
+
+type FeedGuard = pgrx::lwlock::PgLwLockExclusiveGuard<'static, FeedState>;
+
+/// Whether the pass `state` marks is still going on in another backend: that backend is
+/// still in the transaction that started it. (This backend's own earlier pass, if any,
+/// ended: a backend runs one call at a time.)
+fn pass_in_progress(state: &FeedState) -> bool {
+    if !state.in_sweep || state.sweeper_pid == unsafe { pg_sys::MyProcPid } {
+        return false;
+    }
+    let proc_ = unsafe { pg_sys::BackendPidGetProc(state.sweeper_pid) };
+    !proc_.is_null() && unsafe { compat::local_transaction_id(proc_) } == state.sweeper_lxid
+}
+
+/// Takes FEED's lock once no other backend's pass is between two of its slices.
+fn lock_feed() -> FeedGuard {
+    loop {
+        let state = FEED.exclusive();
+        if !pass_in_progress(&state) {
+            return state;
+        }
+        drop(state);
+        unsafe { pg_sys::pg_usleep(1000) };
+        pg_sys::check_for_interrupts!();
+    }
+}
+
+/// Marks the pass this call starts as this backend's.
+fn start_pass(state: &mut FeedState) {
+    state.in_sweep = true;
+    state.sweeper_pid = unsafe { pg_sys::MyProcPid };
+    state.sweeper_lxid = unsafe { compat::local_transaction_id(pg_sys::MyProc) };
+}
+
+/// Ends a slice: the lock is released, interrupts answered (an ERROR here leaves the pass
+/// marked, and the next call starts the feed over), and the lock taken again. Another caller
+/// that takes the lock meanwhile waits in lock_feed() for this pass.
+fn pause(state: FeedGuard) -> FeedGuard {
+    failpoints::feed_slice_delay();
+    drop(state);
+    pg_sys::check_for_interrupts!();
+    FEED.exclusive()
+}
 
 /// The shadow array, NBuffers entries, set up by the shmem startup hook.
 static mut SHADOW: *mut ShadowEntry = std::ptr::null_mut();
@@ -186,8 +243,8 @@ unsafe extern "C-unwind" fn attach_shadow() {
 /// The shadow array.
 ///
 /// # Safety
-/// The caller holds FEED's lock in exclusive mode until it drops the slice: only such
-/// holders touch the shadow.
+/// The caller holds FEED's lock in exclusive mode, and marks the pass as its own, until it
+/// drops the slice: only such holders touch the shadow.
 unsafe fn shadow() -> &'static mut [ShadowEntry] {
     // SAFETY: SHADOW points at NBuffers entries in shared memory for the server's life.
     unsafe { std::slice::from_raw_parts_mut(SHADOW, buffers::buffer_count()) }
@@ -254,9 +311,10 @@ struct Sweep {
     visited: u64,
 }
 
-/// Visits `budget` headers from the cursor on, updating the shadow. `report`: the hot set
-/// of the configured threshold, whose sweeps aurora_ccm_status() counts as scans.
-fn sweep(state: &mut FeedState, budget: usize, report: bool) -> Sweep {
+/// Visits `budget` headers from the cursor on, updating the shadow, a slice at a time.
+/// `report`: the hot set of the configured threshold, whose sweeps aurora_ccm_status()
+/// counts as scans. The pass is marked as this call's (start_pass).
+fn sweep(mut state: FeedGuard, budget: usize, report: bool) -> (FeedGuard, Sweep) {
     let threshold = state.threshold;
     let colder = state.colder;
     let count = buffers::buffer_count();
@@ -264,15 +322,15 @@ fn sweep(state: &mut FeedState, budget: usize, report: bool) -> Sweep {
     let mut tracked = state.tracked;
     let mut sweep_added = state.sweep_added;
     let mut found = Sweep::default();
-    // SAFETY: `state` is borrowed from FEED's exclusive guard.
-    let shadow = unsafe { shadow() };
     for step in 0..budget.min(count) {
-        if step % PROGRESS_INTERVAL == 0 && step > 0 {
-            pg_sys::check_for_interrupts!();
+        if step % SLICE == 0 && step > 0 {
             if report {
                 shmem::scan_progress(ScanCounts { sent: sweep_added, found: tracked }, cursor as u64);
             }
+            state = pause(state);
         }
+        // SAFETY: FEED is held exclusively, and the pass is ours.
+        let shadow = unsafe { shadow() };
         let entry = &mut shadow[cursor];
         let before = entry.member();
         let now = membership(buffers::read_header(cursor), before, threshold, colder);
@@ -312,7 +370,7 @@ fn sweep(state: &mut FeedState, budget: usize, report: bool) -> Sweep {
     state.cursor = cursor as u64;
     state.tracked = tracked;
     state.sweep_added = sweep_added;
-    found
+    (state, found)
 }
 
 /// Whether this node holds `addr` in a buffer whose shadow reports it (see the header).
@@ -332,17 +390,19 @@ fn reported_and_held(shadow: &[ShadowEntry], addr: &BlockAddress) -> bool {
         .is_some_and(|entry| entry.member().is_some_and(|(held, _)| held == *addr))
 }
 
-/// The probe's blocks that this node holds as reported. Called with FEED held exclusively.
-fn probe_blocks(_held: &FeedState, probe: &BlockListView<'_>) -> Vec<HotBlock> {
-    // SAFETY: `_held` is borrowed from FEED's exclusive guard.
-    let shadow = unsafe { shadow() };
+/// The probe's blocks that this node holds as reported, a slice at a time.
+fn probe_blocks(mut state: FeedGuard, probe: &BlockListView<'_>) -> (FeedGuard, Vec<HotBlock>) {
     let mut present = Vec::new();
-    for block in probe.iter() {
-        if reported_and_held(shadow, &block.addr) {
+    for (index, block) in probe.iter().enumerate() {
+        if index % SLICE == 0 && index > 0 {
+            state = pause(state);
+        }
+        // SAFETY: FEED is held exclusively, and the pass is ours.
+        if reported_and_held(unsafe { shadow() }, &block.addr) {
             push(&mut present, block);
         }
     }
-    present
+    (state, present)
 }
 
 fn resolve_threshold(usage_threshold: Option<i32>) -> (i32, bool) {
@@ -365,9 +425,15 @@ fn encode(mut blocks: Vec<HotBlock>, tracked: u64, visited: u64) -> Vec<u8> {
 }
 
 /// The blocks that entered and left this node's set since the caller's last answer.
+///
+/// SQL's `ccm_buffer_changes`, bound to the versioned symbol `ccm_buffer_changes_0_7_wrapper`
+/// from catalog 0.7.0 on, as pg_stat_statements versions its symbols: a library older than
+/// the catalog then fails the call with "could not find function" instead of forming a
+/// tuple of the catalog's shape from fewer values. The catalogs of 0.5.0 and 0.6.0 bind
+/// `ccm_buffer_changes_wrapper` (below), which checks their shape first.
 #[allow(clippy::type_complexity)]
-#[pg_extern(volatile, parallel_unsafe)]
-fn ccm_buffer_changes(
+#[pg_extern(name = "ccm_buffer_changes", volatile, parallel_unsafe)]
+fn ccm_buffer_changes_0_7(
     subscriber: i64,
     after: i64,
     usage_threshold: default!(Option<i32>, "NULL"),
@@ -419,16 +485,22 @@ fn ccm_buffer_changes(
         })
     });
 
-    let mut state = FEED.exclusive();
+    let mut state = lock_feed();
     let reason = reset_reason(&state, subscriber, after, threshold, colder);
     if reason.is_some() {
-        // SAFETY: FEED is held exclusively.
+        // SAFETY: FEED is held exclusively, and no other pass is in progress.
         unsafe { shadow() }.fill(ShadowEntry::default());
         *state = FeedState { last_seq: state.last_seq, subscriber, threshold, colder, ..FeedState::default() };
     }
-    state.in_sweep = true;
-    let found = sweep(&mut state, budget, report);
-    let present = probe.as_ref().map(|list| probe_blocks(&state, list));
+    start_pass(&mut state);
+    let (state, found) = sweep(state, budget, report);
+    let (mut state, present) = match &probe {
+        Some(list) => {
+            let (state, present) = probe_blocks(state, list);
+            (state, Some(present))
+        }
+        None => (state, None),
+    };
     state.last_seq += 1;
     state.seq = state.last_seq;
     state.in_sweep = false;
@@ -457,4 +529,22 @@ fn ccm_buffer_changes(
         colder_added,
         colder_removed,
     ))
+}
+
+/// The symbol the 0.5.0 and 0.6.0 catalogs bind `ccm_buffer_changes` to, for a node whose
+/// library is updated before its catalog (the order README's "Upgrading" gives). The 0.6.0
+/// catalog has this library's shape and is served; 0.5.0's (five arguments, ten columns) is
+/// refused with a clear ERROR instead of being given twelve values for ten columns.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn ccm_buffer_changes_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    call_shape::require(fcinfo, "ccm_buffer_changes", call_shape::Shape { arguments: 6, columns: 12 });
+    unsafe { ccm_buffer_changes_0_7_wrapper(fcinfo) }
+}
+
+/// fmgr's "version 1 calling convention" record of the legacy symbol (PG_FUNCTION_INFO_V1).
+#[no_mangle]
+pub extern "C" fn pg_finfo_ccm_buffer_changes_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
 }

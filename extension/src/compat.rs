@@ -4,7 +4,7 @@
 //!   nested struct (`spcOid, dbOid, relNumber`), `RelidByRelfilenode` became
 //!   `RelidByRelfilenumber`.
 //! - 17: backends are numbered by ProcNumber (`INVALID_PROC_NUMBER`, not
-//!   `InvalidBackendId`), and buffers can be read through a read stream (read_stream.h),
+//!   `InvalidBackendId`), PGPROC's `lxid` moved into `vxid`, and buffers can be read through a read stream (read_stream.h),
 //!   which pgrx does not bind: it is declared here.
 //! - 18: `GetRelationPath` returns its path by value (`RelPathStr`); `pqsignal` is a macro
 //!   over `pqsignal_be`; read streams submit asynchronous I/O (io_method).
@@ -377,6 +377,26 @@ pub fn buffer_tag(addr: &BlockAddress) -> pg_sys::BufferTag {
 pub fn buffer_mapping_lock(hashcode: u32) -> *mut pg_sys::LWLock {
     let index = pg_sys::BUFFER_MAPPING_LWLOCK_OFFSET + hashcode % pg_sys::NUM_BUFFER_PARTITIONS;
     unsafe { std::ptr::addr_of_mut!((*pg_sys::MainLWLockArray.add(index as usize)).lock) }
+}
+
+/// The local transaction id a backend is in (`lxid`; `vxid.lxid` from 17 on), or
+/// InvalidLocalTransactionId (0) between transactions.
+///
+/// # Safety
+/// `proc_` points at a PGPROC in shared memory.
+#[cfg(any(feature = "pg15", feature = "pg16"))]
+pub unsafe fn local_transaction_id(proc_: *const pg_sys::PGPROC) -> u32 {
+    unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*proc_).lxid)) }
+}
+
+/// The local transaction id a backend is in (`lxid`; `vxid.lxid` from 17 on), or
+/// InvalidLocalTransactionId (0) between transactions.
+///
+/// # Safety
+/// `proc_` points at a PGPROC in shared memory.
+#[cfg(not(any(feature = "pg15", feature = "pg16")))]
+pub unsafe fn local_transaction_id(proc_: *const pg_sys::PGPROC) -> u32 {
+    unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*proc_).vxid.lxid)) }
 }
 
 /// `AddinShmemInitLock`, a macro over `MainLWLockArray` (index 21 in 15 to 18:

@@ -2,9 +2,9 @@
 //! catch races that are microseconds wide in production.
 //!
 //! Compiled only with the `failpoints` cargo feature (`scripts/install.sh --test-build`).
-//! A release build has neither this code nor its GUC, `ccm.test_prewarm_delay_ms`:
-//! `SET ccm.test_prewarm_delay_ms` fails there as for any unknown parameter of a reserved
-//! prefix.
+//! A release build has neither this code nor its GUCs, `ccm.test_prewarm_delay_ms` and
+//! `ccm.test_feed_slice_delay_ms`: `SET` of either fails there as for any unknown parameter
+//! of a reserved prefix.
 
 #[cfg(feature = "failpoints")]
 mod enabled {
@@ -12,6 +12,10 @@ mod enabled {
 
     /// `ccm.test_prewarm_delay_ms`: how long ccm_prewarm() sleeps at each failpoint.
     pub static PREWARM_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+    /// `ccm.test_feed_slice_delay_ms`: how long each slice of a change-feed pass lasts more,
+    /// under the feed's lock (where interrupts are held off).
+    pub static FEED_SLICE_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
     pub fn init() {
         GucRegistry::define_int_guc(
@@ -24,6 +28,25 @@ mod enabled {
             GucContext::Suset,
             GucFlags::UNIT_MS,
         );
+        GucRegistry::define_int_guc(
+            c"ccm.test_feed_slice_delay_ms",
+            c"Test builds only: each slice of a ccm_buffer_changes() pass lasts this much longer.",
+            c"Sleeps under the change feed's lock at the end of each slice, as a slice over a huge buffer pool would take.",
+            &FEED_SLICE_DELAY_MS,
+            0,
+            60_000,
+            GucContext::Suset,
+            GucFlags::UNIT_MS,
+        );
+    }
+
+    /// Sleeps `ccm.test_feed_slice_delay_ms` without answering interrupts (the caller holds
+    /// an LWLock, which holds them off anyway).
+    pub fn feed_slice_delay() {
+        let delay = FEED_SLICE_DELAY_MS.get();
+        if delay > 0 {
+            unsafe { pg_sys::pg_usleep(i64::from(delay) * 1000) };
+        }
     }
 
     /// Sleeps `ccm.test_prewarm_delay_ms`, answering interrupts every 10 ms.
@@ -39,7 +62,7 @@ mod enabled {
 }
 
 #[cfg(feature = "failpoints")]
-pub use enabled::{init, prewarm_delay};
+pub use enabled::{feed_slice_delay, init, prewarm_delay};
 
 #[cfg(not(feature = "failpoints"))]
 pub fn init() {}
@@ -48,3 +71,8 @@ pub fn init() {}
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn prewarm_delay() {}
+
+/// A failpoint: does nothing in a release build.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn feed_slice_delay() {}

@@ -15,11 +15,12 @@ pub static PREWARM_READAHEAD_THREADS: GucSetting<i32> = GucSetting::<i32>::new(2
 
 /// `ccm.logical_wal_cache`: size of the logical WAL cache in WAL pages (8 kB); 0 turns it
 /// off, 1 to 3 are raised to 4 (as Aurora's `rds.logical_wal_cache`). The worker uses at
-/// most a quarter of physical memory, whatever the setting (`wal_cache::cache_pages`).
+/// most a quarter of the server's memory (RAM, or a cgroup's limit if smaller), whatever the
+/// setting (`wal_cache::cache_pages`).
 pub static LOGICAL_WAL_CACHE: GucSetting<i32> = GucSetting::<i32>::new(2048);
 
 /// 32 GB of WAL; more is a typo rather than a cache. (The worker also caps the cache at a
-/// quarter of physical memory.)
+/// quarter of the server's memory.)
 const MAX_LOGICAL_WAL_CACHE: i32 = 4 * 1024 * 1024;
 
 /// Raises positive settings below the minimum, so that SHOW reports the size in use.
@@ -32,6 +33,21 @@ unsafe extern "C-unwind" fn check_logical_wal_cache(
     unsafe { *new_value = ccm_walcache::effective_cache_pages(*new_value) };
     true
 }
+
+/// This library's version, NUL-terminated for the GUC below.
+const LIBRARY_VERSION: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes(),
+) {
+    Ok(version) => version,
+    Err(_) => panic!("CARGO_PKG_VERSION holds a NUL byte"),
+};
+
+/// `ccm.library_version`: the version of the pg_ccm library this server has loaded, read-only
+/// (PGC_INTERNAL, as server_version). It exists whatever the catalog says, so that the agent
+/// can tell a library older than the catalog from the catalog itself: a library from before
+/// 0.7.0 does not define it, and `current_setting('ccm.library_version', true)` is NULL there.
+pub static LIBRARY_VERSION_SETTING: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(Some(LIBRARY_VERSION));
 
 /// Largest useful threshold: BM_MAX_USAGE_COUNT is 5, so 4 still leaves a hot set.
 pub const MAX_USAGE_THRESHOLD: i32 = 4;
@@ -70,7 +86,7 @@ pub fn init() {
         GucRegistry::define_int_guc_with_hooks(
             c"ccm.logical_wal_cache",
             c"Size of the logical replication WAL cache.",
-            c"The newest WAL pages, up to this size, are kept in memory for logical walsenders; 0 turns the cache off, sizes below 4 pages are raised to 4, and at most a quarter of physical memory is used.",
+            c"The newest WAL pages, up to this size, are kept in memory for logical walsenders; 0 turns the cache off, sizes below 4 pages are raised to 4, and at most a quarter of the server's memory (RAM, or its cgroup's memory limit if smaller) is used.",
             &LOGICAL_WAL_CACHE,
             0,
             MAX_LOGICAL_WAL_CACHE,
@@ -81,5 +97,13 @@ pub fn init() {
             None,
         );
     }
+    GucRegistry::define_string_guc(
+        c"ccm.library_version",
+        c"Shows the version of the loaded pg_ccm library.",
+        c"The extension's catalog (pg_extension.extversion) can differ from the library during a rolling upgrade.",
+        &LIBRARY_VERSION_SETTING,
+        GucContext::Internal,
+        GucFlags::DISALLOW_IN_FILE,
+    );
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"ccm".as_ptr()) };
 }

@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 mod block_list;
 mod buffers;
+mod call_shape;
 mod catalog_oid;
 mod changes;
 mod compat;
@@ -30,6 +31,7 @@ mod tests;
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    errors::disable_backtraces();
     if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
         errors::raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -84,6 +86,7 @@ DO $$
 DECLARE
     existing pg_catalog.pg_roles;
     members text;
+    admins text;
 BEGIN
     SELECT * INTO existing FROM pg_catalog.pg_roles WHERE rolname = 'ccm_agent';
     IF NOT FOUND THEN
@@ -100,8 +103,14 @@ BEGIN
     SELECT pg_catalog.string_agg(pg_catalog.quote_ident(m.rolname), ', ' ORDER BY m.rolname) INTO members
     FROM pg_catalog.pg_auth_members a JOIN pg_catalog.pg_roles m ON m.oid = a.member
     WHERE a.roleid = existing.oid;
+    -- Who can make more members: those holding ADMIN OPTION on it (from PostgreSQL 16 on,
+    -- also a non-superuser role's creator, recorded the same way).
+    SELECT pg_catalog.string_agg(DISTINCT pg_catalog.quote_ident(m.rolname), ', ') INTO admins
+    FROM pg_catalog.pg_auth_members a JOIN pg_catalog.pg_roles m ON m.oid = a.member
+    WHERE a.roleid = existing.oid AND a.admin_option;
     RAISE WARNING 'using the existing role "ccm_agent" for pg_ccm''s agent'
-        USING DETAIL = pg_catalog.format('Its members (%s) can call ccm_buffer_filter(), ccm_hot_blocks() and ccm_prewarm().', COALESCE(members, 'none'));
+        USING DETAIL = pg_catalog.format('Its members (%s) can call ccm_buffer_filter(), ccm_hot_blocks() and ccm_prewarm(). Roles holding ADMIN OPTION on it (%s) can grant it to others.',
+                                         COALESCE(members, 'none'), COALESCE(admins, 'none'));
 END
 $$;
 
@@ -121,6 +130,7 @@ REVOKE ALL ON FUNCTION aurora_stat_logical_wal_cache() FROM PUBLIC;
 REVOKE ALL ON FUNCTION aurora_stat_reset_wal_cache(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION get_oldest_wal_cache_ptr() FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_logical_wal_cache_status() FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_library_version() FROM PUBLIC;
 
 GRANT EXECUTE ON FUNCTION aurora_ccm_status() TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_filter_info(bytea) TO pg_monitor, ccm_agent;
@@ -137,6 +147,7 @@ GRANT EXECUTE ON FUNCTION ccm_prewarm(bytea) TO ccm_agent;
 GRANT EXECUTE ON FUNCTION aurora_stat_logical_wal_cache() TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION get_oldest_wal_cache_ptr() TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_logical_wal_cache_status() TO pg_monitor, ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_library_version() TO pg_monitor, ccm_agent;
 -- Resetting statistics is for superusers, as pg_stat_reset() is.
 "#,
     name = "privileges",

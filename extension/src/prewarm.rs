@@ -367,12 +367,26 @@ fn read_all(reads: &[Read], forks: &mut [ForkState], outcome: &mut Outcome) {
     });
 }
 
-/// Decodes a list of at most `limit` blocks (this node's shared_buffers) or raises the ERROR.
-pub(crate) fn decode(list: &[u8], limit: u64) -> BlockList {
+/// Blocks one ccm_prewarm() call reads at most, whatever shared_buffers is: a call's Rust
+/// heap (the decoded list, its reads and the read-ahead plan, about 57 bytes a block) is
+/// outside palloc's accounting, so it is bounded here (about 60 MB) rather than by the pool
+/// (0.9 GB on a 128 GB pool). ccm-agent sends at most this many per call (batch_blocks).
+pub(crate) const MAX_BLOCKS_PER_CALL: u64 = 1 << 20;
+
+/// Blocks one call accepts on this node: at most its buffers and MAX_BLOCKS_PER_CALL.
+pub(crate) fn call_limit() -> u64 {
+    (buffers::buffer_count() as u64).min(MAX_BLOCKS_PER_CALL)
+}
+
+/// Decodes a list of at most call_limit() blocks or raises the ERROR (54000 above it).
+pub(crate) fn decode(list: &[u8]) -> BlockList {
+    let limit = call_limit();
     BlockList::decode_bounded(list, limit).unwrap_or_else(|error| {
         errors::block_list_refused(
             &error,
-            &format!("ccm_prewarm() accepts lists of up to {limit} blocks, the buffers of shared_buffers."),
+            &format!(
+                "ccm_prewarm() accepts lists of up to {limit} blocks, the smaller of the buffers of shared_buffers and {MAX_BLOCKS_PER_CALL}."
+            ),
         )
     })
 }
@@ -412,9 +426,8 @@ fn ccm_prewarm(
 > {
     errors::require_enabled();
     require_recovery();
-    // No list can name more blocks than this node has buffers.
-    let limit = buffers::buffer_count() as u64;
-    let decoded = decode(list, limit);
+    // No list can name more blocks than this node has buffers, nor more than a call's bound.
+    let decoded = decode(list);
 
     let here = unsafe { pg_sys::MyDatabaseId }.to_u32();
     let mut outcome = read_blocks(&decoded, |db| db == here || db == 0);

@@ -22,9 +22,9 @@ use ccm_codec::BlockList;
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime};
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
+use pgrx::PgMemoryContexts;
 use pgrx::PgSqlErrorCode;
 
-use crate::buffers;
 use crate::compat;
 use crate::errors;
 use crate::prewarm::{self, Outcome};
@@ -105,6 +105,24 @@ unsafe extern "C-unwind" fn mark_exited(_segment: *mut pg_sys::dsm_segment, shar
     let _ = unsafe { &(*shared).state }.compare_exchange(RUNNING, EXITED, Ordering::AcqRel, Ordering::Acquire);
 }
 
+/// Starts the worker; its handle, or None when no worker slot is free.
+///
+/// The handle is allocated in TopTransactionContext, as parallel.c allocates its workers'
+/// handles (and src/test/modules/test_shm_mq/setup.c explains): the detach callback that
+/// terminates the worker reads it while AbortTransaction releases the resource owner, after
+/// AtAbort_Portals may have deleted the memory of the portal running this call (on FATAL it
+/// does). TopTransactionContext lives until CleanupTransaction, after the callbacks; the
+/// caller frees the handle when it is done with it.
+fn register_worker(builder: &BackgroundWorkerBuilder) -> Option<*mut pg_sys::BackgroundWorkerHandle> {
+    let mut worker: pg_sys::BackgroundWorker = builder.into();
+    let mut handle: *mut pg_sys::BackgroundWorkerHandle = std::ptr::null_mut();
+    let registered = unsafe {
+        PgMemoryContexts::TopTransactionContext
+            .switch_to(|_| pg_sys::RegisterDynamicBackgroundWorker(&mut worker, &mut handle))
+    };
+    registered.then_some(handle)
+}
+
 /// Reads the `blocks` blocks of database `db` named in `list` (the encoded list) through a
 /// worker connected to it, and returns what happened to them.
 pub(crate) fn prewarm_database(db: u32, blocks: u64, list: &[u8]) -> Outcome {
@@ -146,22 +164,23 @@ pub(crate) fn prewarm_database(db: u32, blocks: u64, list: &[u8]) -> Outcome {
         .set_restart_time(None)
         .set_argument(Some(pg_sys::Datum::from(unsafe { pg_sys::dsm_segment_handle(segment) })))
         .set_notify_pid(unsafe { pg_sys::MyProcPid });
-    let mut worker: pg_sys::BackgroundWorker = (&builder).into();
-    let mut handle: *mut pg_sys::BackgroundWorkerHandle = std::ptr::null_mut();
-    if !unsafe { pg_sys::RegisterDynamicBackgroundWorker(&mut worker, &mut handle) } {
+    let Some(handle) = register_worker(&builder) else {
         unsafe { pg_sys::dsm_detach(segment) };
         warning!(
             "pg_ccm: could not start a prewarm worker for database {db}; {blocks} blocks of it are skipped (consider increasing max_worker_processes)"
         );
         return skipped(false);
-    }
+    };
 
     // Whatever ends our part in this (an ERROR or cancel while we wait, which detaches the
     // segment through the resource owner, or FATAL), the worker is terminated with it.
     let callback_arg = pg_sys::Datum::from(handle);
     unsafe { pg_sys::on_dsm_detach(segment, Some(terminate_worker), callback_arg) };
     let status = unsafe { pg_sys::WaitForBackgroundWorkerShutdown(handle) };
-    unsafe { pg_sys::cancel_on_dsm_detach(segment, Some(terminate_worker), callback_arg) };
+    unsafe {
+        pg_sys::cancel_on_dsm_detach(segment, Some(terminate_worker), callback_arg);
+        pg_sys::pfree(handle.cast());
+    }
     if status == pg_sys::BgwHandleStatus::BGWH_POSTMASTER_DIED {
         errors::raise(
             PgSqlErrorCode::ERRCODE_ADMIN_SHUTDOWN,
@@ -258,7 +277,7 @@ pub extern "C-unwind" fn ccm_prewarm_worker_main(argument: pg_sys::Datum) {
 
     let outcome = PgTryBuilder::new(|| unsafe {
         pg_sys::StartTransactionCommand();
-        let list = prewarm::decode(bytes, buffers::buffer_count() as u64);
+        let list = prewarm::decode(bytes);
         let outcome = prewarm::read_blocks(&list, |group_db| group_db == db);
         pg_sys::CommitTransactionCommand();
         outcome

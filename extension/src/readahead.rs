@@ -17,6 +17,12 @@
 //! the backend's own thread, and they are joined before the backend goes on, also when
 //! it leaves with an ERROR. A failed read in a thread is ignored: the backend's own read
 //! decides what happens to that block.
+//!
+//! Each thread keeps one file open at a time. fd.c counts every descriptor a backend holds
+//! against max_files_per_process, so the backend reserves one per thread with
+//! AcquireExternalFD(), as postgres_fdw's connections and libpq-based code do, and starts
+//! only as many threads as it got descriptors for; they are released when the threads are
+//! joined.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -97,19 +103,25 @@ impl ReadaheadPlan {
         if threads == 0 || self.runs.len() < 2 {
             return body(&progress);
         }
+        // Released after the scope has joined the threads (declared before it), also when
+        // the body leaves with an ERROR.
+        let descriptors = ExternalDescriptors::acquire(threads);
         let next_run = AtomicUsize::new(0);
         std::thread::scope(|scope| {
             // Stops the threads when the body finishes or unwinds (an ERROR), before the
             // scope joins them.
             let _stop = StopOnDrop(&progress.stop);
             let spawned = with_signals_blocked(|| {
-                (0..threads)
+                (0..descriptors.count)
                     .map(|_| std::thread::Builder::new().spawn_scoped(scope, || self.worker(&next_run, &progress)))
                     .take_while(Result::is_ok)
                     .count()
             });
             if spawned == 0 {
-                pgrx::debug1!("pg_ccm: could not start readahead threads; reading without them");
+                pgrx::debug1!(
+                    "pg_ccm: no readahead thread could start ({} of {threads} file descriptors reserved); reading without them",
+                    descriptors.count
+                );
             }
             body(&progress)
         })
@@ -160,6 +172,27 @@ impl Progress {
     /// The backend is about to make read number `index`.
     pub fn reading(&self, index: usize) {
         self.done.store(index, Ordering::Relaxed);
+    }
+}
+
+/// File descriptors reserved with fd.c for the threads, released on drop.
+struct ExternalDescriptors {
+    count: usize,
+}
+
+impl ExternalDescriptors {
+    /// Reserves up to `wanted` descriptors; fewer (or none) when fd.c has no more to give.
+    fn acquire(wanted: usize) -> Self {
+        let count = (0..wanted).take_while(|_| unsafe { pgrx::pg_sys::AcquireExternalFD() }).count();
+        ExternalDescriptors { count }
+    }
+}
+
+impl Drop for ExternalDescriptors {
+    fn drop(&mut self) {
+        for _ in 0..self.count {
+            unsafe { pgrx::pg_sys::ReleaseExternalFD() };
+        }
     }
 }
 

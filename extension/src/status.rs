@@ -1,4 +1,5 @@
-//! `aurora_ccm_status()`: Aurora's view of the CCM scans, column for column.
+//! `aurora_ccm_status()`: Aurora's view of the CCM scans, column for column; and
+//! `ccm_library_version()`, the version of the loaded library.
 //!
 //! "Current scan" is the scan in progress or, between scans, the one that just
 //! completed; `current_scan_progress` counts the buffer headers it has visited.
@@ -36,4 +37,12 @@ fn aurora_ccm_status() -> TableIterator<
         as_int8(status.current_scan.found),
         as_int8(status.current_scan_progress),
     ))
+}
+
+/// The version of the pg_ccm library this server has loaded, which can differ from the
+/// catalog's (`pg_extension.extversion`) during a rolling upgrade. The same as
+/// `current_setting('ccm.library_version')`, which also answers under older catalogs.
+#[pg_extern(stable, parallel_safe)]
+fn ccm_library_version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
 }

@@ -524,6 +524,8 @@ mod tests {
         assert!(allowed("ccm_test_monitor", "ccm_wal_source()"));
         assert!(!allowed("ccm_test_monitor", "ccm_hot_blocks_each(bytea[], int8[], int4)"));
         assert!(!allowed("ccm_test_monitor", "ccm_buffer_changes(int8, int8, int4, int8, bytea, bool)"));
+        assert!(allowed("ccm_test_monitor", "ccm_library_version()"));
+        assert!(!allowed("public", "ccm_library_version()"));
         for function in [
             "ccm_buffer_filter(float8)",
             "ccm_hot_blocks(bytea, int8, int4)",
@@ -532,6 +534,7 @@ mod tests {
             "ccm_prewarm(bytea)",
             "ccm_buffer_changes(int8, int8, int4, int8, bytea, bool)",
             "aurora_ccm_status()",
+            "ccm_library_version()",
         ] {
             assert!(allowed("ccm_test_agent", function), "{function}");
         }
@@ -539,6 +542,19 @@ mod tests {
             "SELECT rolsuper FROM pg_roles WHERE rolname = 'ccm_agent'",
         );
         assert_eq!(superuser, Ok(Some(false)));
+    }
+
+    #[pg_test]
+    fn library_version_is_the_crate_version() {
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(Spi::get_one::<String>("SELECT ccm_library_version()"), Ok(Some(version.into())));
+        assert_eq!(Spi::get_one::<String>("SHOW ccm.library_version"), Ok(Some(version.into())));
+    }
+
+    /// Read-only, as server_version is.
+    #[pg_test(error = "parameter \"ccm.library_version\" cannot be changed")]
+    fn library_version_cannot_be_set() {
+        Spi::run("SET ccm.library_version = '9.9.9'").unwrap();
     }
 
     #[pg_test]

@@ -237,6 +237,15 @@ class Node:
     # Start the server with the CAP_IPC_LOCK capability (as systemd's AmbientCapabilities
     # would), so that mlock() is not bound by RLIMIT_MEMLOCK.
     ipc_lock: bool = False
+    # Environment variables the server is started with, over SERVER_ENV.
+    environment: dict[str, str] = field(default_factory=dict)
+    # The installation the server runs from (another build of the same version, for example
+    # an earlier pg_ccm release's: scripts/build-previous-release.sh); None: PG_BIN.
+    bindir: Path | None = None
+
+    @property
+    def bin(self) -> Path:
+        return self.bindir or PG_BIN
 
     @property
     def datadir(self) -> Path:
@@ -258,7 +267,7 @@ class Node:
             conf.write("\n# pg_ccm harness\n" + "\n".join(lines) + "\n")
 
     def start(self, wait: bool = True) -> None:
-        argv = [str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w" if wait else "-W", "-t", "120", "start"]
+        argv = [str(self.bin / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w" if wait else "-W", "-t", "120", "start"]
         if self.memlock is not None or self.wrapper or self.ipc_lock:
             if self.ipc_lock and _running_as_root():
                 argv = ["setpriv", f"--reuid={OS_USER}", f"--regid={OS_USER}", "--init-groups",
@@ -269,17 +278,17 @@ class Node:
                 # Set by us (root) for the server.
                 argv = ["prlimit", f"--memlock={self.memlock}", "--", *argv]
             argv = [*self.wrapper, *argv]
-            result = subprocess.run(argv, capture_output=True, text=True, env=SERVER_ENV)
+            result = subprocess.run(argv, capture_output=True, text=True, env={**SERVER_ENV, **self.environment})
             if result.returncode != 0:
                 raise RuntimeError(f"{' '.join(argv)} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}")
         else:
-            run_pg(argv)
+            run_pg(argv, env={**SERVER_ENV, **self.environment})
         if wait:
             self.wait_ready()
 
     def stop(self, mode: str = "fast") -> None:
         if self.is_running():
-            run_pg([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "-t", "120", "stop"])
+            run_pg([str(self.bin / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "-t", "120", "stop"])
 
     def finish_crash_recovery(self) -> None:
         """Replays a crashed (stopped, not shut down) node's WAL and shuts it down cleanly,
@@ -292,7 +301,7 @@ class Node:
         archive_command that fails, no unarchived segment is recycled.
         """
         self.wait_until_reaped()
-        run_pg([str(PG_BIN / "postgres"), "--single", "-F", "-D", str(self.datadir),
+        run_pg([str(self.bin / "postgres"), "--single", "-F", "-D", str(self.datadir),
                 "-c", "archive_mode=on", "-c", "archive_command=false", "postgres"],
                stdin=subprocess.DEVNULL)
 
@@ -340,7 +349,7 @@ class Node:
                  retry_on=(psycopg.OperationalError,))
 
     def promote(self) -> None:
-        run_pg([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-w", "-t", "120", "promote"])
+        run_pg([str(self.bin / "pg_ctl"), "-D", str(self.datadir), "-w", "-t", "120", "promote"])
         self.wait_until(lambda: not self.in_recovery(), "promotion")
 
     # -- SQL -------------------------------------------------------------------------

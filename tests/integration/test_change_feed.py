@@ -14,14 +14,19 @@ on both nodes, never with the agent's own counters alone:
   reads them, not hottest first (which reads a file in scattered pieces): the buffers it
   fills, in the order a restarted server hands them out, follow the files;
 - with extension 0.4.0 on the nodes, the agent says it uses the full filter exchange and
-  still warms the standby.
+  still warms the standby;
+- a cancel ends a long pass at its next slice (the feed's lock is not held across the pass),
+  the next call starts the feed over as interrupted, and a second caller still waits for a
+  pass in progress instead of running into it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 
+import psycopg
 import pytest
 
 from harness.agent import AgentProcess
@@ -202,3 +207,70 @@ def test_a_cold_standby_with_room_is_read_in_file_order(log_dir):
             f"buffers up to {last_first}, 5% of 'second' in buffers up to {early_second}")
     finally:
         cluster.destroy()
+
+
+# A pass over 1 GB of shared_buffers is 8 slices of 16384 headers; the test build's failpoint
+# makes each last SLICE_MS more under the feed's lock (where interrupts are held off).
+FEED_CALL = "SELECT seq, reset_reason FROM ccm_buffer_changes(%s, %s)"
+
+
+@pytest.fixture
+def big_pool():
+    """A lone primary with 1 GB of shared_buffers (the feed works the same on any node)."""
+    built = Cluster(settings={"shared_buffers": "'1GB'"})
+    try:
+        built.create(standby=False)
+        yield built.primary
+    finally:
+        built.destroy()
+
+
+def feed_call_in_background(node, subscriber: int, slice_ms: int) -> tuple[threading.Thread, dict, int]:
+    conn = node.connect(autocommit=True)
+    conn.execute(f"SET ccm.test_feed_slice_delay_ms = {slice_ms}")
+    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["row"] = conn.execute(FEED_CALL, [subscriber, 0]).fetchone()
+            outcome["ended"] = time.monotonic()
+        except psycopg.Error as error:
+            outcome["error"] = error
+            outcome["ended"] = time.monotonic()
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    node.wait_until(lambda: node.one("SELECT wait_event IS NULL AND state = 'active' FROM pg_stat_activity WHERE pid = %s",
+                                     [pid]), "the feed call to start")
+    return thread, outcome, pid
+
+
+@pytest.mark.every_version
+def test_a_cancel_ends_a_long_change_feed_pass_at_its_next_slice(big_pool):
+    node = big_pool
+    thread, outcome, pid = feed_call_in_background(node, 42, slice_ms=1000)
+    cancelled = time.monotonic()
+    node.sql("SELECT pg_cancel_backend(%s)", [pid])
+    thread.join(timeout=30)
+    assert outcome["error"].sqlstate == "57014", outcome
+    # The whole pass lasts 8 s here; a lock held across it made the cancel wait for its end.
+    took = outcome["ended"] - cancelled
+    assert took < 4, f"the cancel took {took:.1f} s"
+    # Another session: the cancelled pass is over, so it does not wait, and starts over.
+    assert node.sql(FEED_CALL, [42, 0])[0][1] == "interrupted"
+
+
+@pytest.mark.every_version
+def test_a_second_feed_caller_waits_for_a_pass_in_progress(big_pool):
+    node = big_pool
+    first, outcome, _ = feed_call_in_background(node, 7, slice_ms=300)
+    second = node.sql(FEED_CALL, [8, 0])[0]
+    first.join(timeout=30)
+    assert "row" in outcome, outcome
+    # The first pass finished undisturbed and answered first (a second pass run into it would
+    # have answered at once, and first); the second then took the feed over.
+    assert outcome["row"][0] < second[0], (outcome["row"], second)
+    assert second[1] == "new subscriber"

@@ -110,10 +110,11 @@ def test_create_extension_without_preloading_explains_what_to_do():
 
 
 def test_an_upgrade_from_0_1_0_equals_a_fresh_install():
-    """ALTER EXTENSION pg_ccm UPDATE gives the same functions, with the same privileges."""
+    """ALTER EXTENSION pg_ccm UPDATE gives the same functions, bound to the same symbols of
+    the library, with the same privileges."""
     def surface(node: Node, dbname: str) -> list[tuple]:
         return node.sql(
-            "SELECT p.oid::regprocedure::text, pg_get_function_result(p.oid), p.proacl::text "
+            "SELECT p.oid::regprocedure::text, pg_get_function_result(p.oid), p.prosrc, p.proacl::text "
             "FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e' "
             "JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'pg_ccm' ORDER BY 1", dbname=dbname)
 
@@ -132,15 +133,16 @@ def test_an_upgrade_from_0_1_0_equals_a_fresh_install():
         assert primary.one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ccm'", dbname="upgraded") == newest
         assert surface(primary, "upgraded") == surface(primary, "fresh")
         # 0.2.0: the WAL cache's four functions; 0.4.0: ccm_hot_blocks_each and ccm_wal_source;
-        # 0.5.0: ccm_buffer_changes (0.6.0 gave it the colder lists).
-        assert len(surface(primary, "fresh")) == len(old) + 7
+        # 0.5.0: ccm_buffer_changes (0.6.0 gave it the colder lists); 0.7.0: ccm_library_version.
+        assert len(surface(primary, "fresh")) == len(old) + 8
     finally:
         cluster.destroy()
 
 
 def test_create_extension_adopts_only_a_plain_ccm_agent_role():
     """A pre-existing role named ccm_agent would receive the transfer functions: one that can
-    log in (or holds any attribute) is refused; a plain group role is adopted, naming its members."""
+    log in (or holds any attribute) is refused; a plain group role is adopted, naming its members
+    and the roles that can add members (ADMIN OPTION)."""
     cluster = Cluster()
     try:
         cluster.create(extensions=(), standby=False)
@@ -155,10 +157,14 @@ def test_create_extension_adopts_only_a_plain_ccm_agent_role():
 
         primary.sql("ALTER ROLE ccm_agent NOLOGIN")
         primary.sql("CREATE ROLE squatter LOGIN IN ROLE ccm_agent")
+        primary.sql("CREATE ROLE gatekeeper LOGIN")
+        primary.sql("GRANT ccm_agent TO gatekeeper WITH ADMIN OPTION")
         notices: list[str] = []
         with primary.connect() as conn:
             conn.add_notice_handler(lambda notice: notices.append(f"{notice.message_primary} {notice.message_detail}"))
             conn.execute("CREATE EXTENSION pg_ccm")
-        assert any('existing role "ccm_agent"' in n and "squatter" in n for n in notices), notices
+        adopted = [n for n in notices if 'existing role "ccm_agent"' in n]
+        assert len(adopted) == 1 and "squatter" in adopted[0], notices
+        assert "Roles holding ADMIN OPTION on it (gatekeeper)" in adopted[0], adopted
     finally:
         cluster.destroy()
