@@ -8,13 +8,19 @@ mod backoff;
 mod cli;
 mod config;
 mod conninfo;
+#[cfg(test)]
+mod cycle_tests;
+#[cfg(test)]
+mod fake;
 mod feed;
 mod metrics;
 mod node;
+mod nodeapi;
 mod notify;
 mod patroni;
 mod pgpass;
 mod reload;
+mod standby;
 mod status;
 mod sync;
 mod tls;

@@ -317,6 +317,10 @@ pub enum NodeError {
     NoMatch { side: Side, tried: String },
     #[error("cancelled")]
     Cancelled,
+    /// A server error of the given class, raised by the unit tests' fake node (fake.rs).
+    #[cfg(test)]
+    #[error("{host}: simulated {class:?}")]
+    Simulated { host: String, class: ErrorClass },
 }
 
 /// libpq's hint when a password from the password file is refused.
@@ -375,6 +379,8 @@ impl NodeError {
             NodeError::Disabled { .. }
             | NodeError::Unexpected { .. }
             | NodeError::LibraryOlderThanCatalog { .. } => false,
+            #[cfg(test)]
+            NodeError::Simulated { .. } => false,
             _ => true,
         }
     }
@@ -397,6 +403,8 @@ impl NodeError {
                 Some(db) => classify(db.code().code(), db.message()),
                 None => ErrorClass::Other,
             },
+            #[cfg(test)]
+            NodeError::Simulated { class, .. } => *class,
             _ => ErrorClass::Other,
         }
     }
@@ -478,7 +486,7 @@ pub struct ConnectOptions {
 impl ConnectOptions {
     /// The client-side deadline of a call: the server's own timeout plus room for the
     /// network, so the server normally gives up first and says why.
-    fn call_deadline(&self) -> Duration {
+    pub fn call_deadline(&self) -> Duration {
         self.statement_timeout + self.connect_timeout.max(Duration::from_secs(2))
     }
 }

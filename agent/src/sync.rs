@@ -5,8 +5,7 @@
 //! the primary that returns, per standby, the hot blocks its filter lacks, at most its
 //! shared_buffers (`ccm_hot_blocks_each`; an extension older than 0.4 gets one
 //! `ccm_hot_blocks` call per standby), (3) each list split hottest-first into batches,
-//! (4) one short `ccm_prewarm` call per batch, standby after standby in the warming order,
-//! (5) with `fill_room`, for a standby that loaded its whole list and has unused buffers
+//! (4) one short `ccm_prewarm` call per batch, (5) with `fill_room`, for a standby that loaded its whole list and has unused buffers
 //! left: the primary's colder cached blocks it lacks, hottest first, as many as those
 //! buffers take (a second scan, made only while there is such room).
 //! With extension 0.5.0 on the nodes (and `change_feed`, the default), steps (1) and (2) are
@@ -26,43 +25,50 @@
 //! system identifier, streams the primary's timeline and streams from the primary (or from
 //! another standby being warmed), so a partitioned old primary is never a source.
 //!
-//! One standby's trouble is its own: a standby that is down, promoted, of another system or
-//! following another primary is passed over (with its own backoff, logged once) while the
-//! others are warmed. Only when no standby can be warmed, or the primary fails, does the
-//! cycle fail and the loop back off.
+//! Each standby's steps (1) and (3) to (5) run in a task of its own (standby.rs), which owns
+//! that standby's session meanwhile; this module is the coordinator: the topology, the
+//! primary's session and feed, and the waiting. It waits for step (1) at most the interval
+//! (at least a second), and for the batches until the end of the interval; a standby still
+//! at work then (silent, or cold and reading a long list) stays busy in its task while the
+//! next cycles serve the others, and what it did is counted in the cycle in which its task
+//! ends. A busy standby that has not answered for five seconds (or three intervals) is shown
+//! down. `sync --once` waits for every task.
+//!
+//! One standby's trouble is its own: a standby that is down, silent, promoted, of another
+//! system or following another primary is passed over (with its own backoff, logged once)
+//! while the others are warmed. Only when no standby can be warmed, or the primary fails,
+//! does the cycle fail and the loop back off.
 //!
 //! Not faults: a recovery conflict (the statement cancelled, or the session terminated) ends
 //! that standby's share of the cycle, and what was not loaded comes again next cycle because
 //! its filter is rebuilt; a storage error on one page costs its batch only.
 
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ccm_codec::{decode_block_list_header, BlockList};
+use ccm_codec::BlockList;
 use indicatif::ProgressBar;
 use serde::Serialize;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::config::{format_duration, Config};
 use crate::conninfo::{ConnInfo, HostSpec};
-use crate::feed::{self, FeedAnswer, Mirror};
+use crate::feed::{self, Mirror};
 use crate::metrics::{coverage, saturating_i64, Metrics, Stage};
-use crate::node::{
-    self, ConnectOptions, ErrorClass, Node, NodeError, PrewarmResult, Side, WalSource,
-};
+use crate::node::{self, ConnectOptions, Node, NodeError, Side, WalSource};
+use crate::nodeapi::NodeApi;
 use crate::notify;
+use crate::standby::{
+    self, addresses, answer_bytes, count_node_wire, note_feed_reset, unused_room, Done,
+    PrimaryView, Ready, Shared, Standby, Tier, FILL_MAX_BATCHES, FILL_MIN_BLOCKS, FILL_RECHECK,
+};
 use crate::topology::{self, Target};
-use crate::walsender::{self, Endpoint, Sender, Verdict};
-
-/// A standby's change feed: every cached block is in its set.
-const EVERY_CACHED_BLOCK: i32 = -1;
-
-/// The longest wait before asking a host that was not in recovery again.
-const NOT_A_STANDBY_RECHECK: Duration = Duration::from_secs(10);
+use crate::walsender::Endpoint;
 
 /// The longest wait before connecting again to a node that could not be reached (refused,
 /// starting up, unreachable), unless the interval is longer: a failed connection attempt
@@ -70,18 +76,6 @@ const NOT_A_STANDBY_RECHECK: Duration = Duration::from_secs(10);
 /// soon as it accepts connections, not a doubled backoff later (which would add about as
 /// long again as the restart took). Other faults back off up to max_backoff.
 const RECONNECT_CEILING: Duration = Duration::from_secs(1);
-
-/// fill_room leaves this share of a standby's buffers unused (1/64), for replay and the
-/// standby's own reads, which would otherwise have to evict to get a buffer.
-const FILL_RESERVE_DIVISOR: u64 = 64;
-/// Fewer unused buffers than this are not worth a scan of the primary.
-const FILL_MIN_BLOCKS: u64 = 128;
-/// At most this many batches of colder blocks per standby and cycle, so that a large room is
-/// filled over several cycles and each cycle's hot blocks are not kept waiting behind it.
-const FILL_MAX_BATCHES: usize = 8;
-/// After a look below the threshold that found nothing to send (a standby larger than what
-/// the primary caches), the next one waits this long.
-const FILL_RECHECK: Duration = Duration::from_secs(30);
 
 /// What one cycle did for one standby.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -162,13 +156,13 @@ impl CycleReport {
     }
 
     /// This cycle's report of the standby called `name`.
-    fn standby_mut(&mut self, name: &str) -> Option<&mut StandbyReport> {
+    pub(crate) fn standby_mut(&mut self, name: &str) -> Option<&mut StandbyReport> {
         self.standbys.iter_mut().rev().find(|r| r.name == name)
     }
 
     /// Blocks standby `name` loaded this cycle, if its share ran to the end (no recovery
     /// conflict, storage error or replay-lag pause cut it short): fill_room's condition.
-    fn loaded_whole_share(&self, name: &str) -> Option<u64> {
+    pub(crate) fn loaded_whole_share(&self, name: &str) -> Option<u64> {
         self.standbys
             .iter()
             .find(|r| {
@@ -178,6 +172,25 @@ impl CycleReport {
                     && !r.replay_paused
             })
             .map(|r| r.loaded)
+    }
+
+    /// Adds what a standby's task did (`part`) to this cycle's report.
+    pub(crate) fn absorb(&mut self, part: CycleReport) {
+        self.hot_buffers = self.hot_buffers.max(part.hot_buffers);
+        self.buffers_scanned = self.buffers_scanned.max(part.buffers_scanned);
+        self.sent += part.sent;
+        self.colder_sent += part.colder_sent;
+        self.batches += part.batches;
+        self.requested += part.requested;
+        self.loaded += part.loaded;
+        self.already_cached += part.already_cached;
+        self.skipped += part.skipped;
+        self.storage_errors += part.storage_errors;
+        self.recovery_conflicts += part.recovery_conflicts;
+        self.replay_pauses += part.replay_pauses;
+        self.filter_bytes += part.filter_bytes;
+        self.list_bytes += part.list_bytes;
+        self.standbys.extend(part.standbys);
     }
 
     /// Whether the cycle was cut short by a recovery conflict or by replay lag.
@@ -241,76 +254,66 @@ impl CycleError {
     }
 }
 
-/// What the cycle does after one prewarm call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Flow {
-    Next,
-    EndCycle,
+/// Whose call a result is.
+#[derive(Debug, Clone, Copy)]
+enum Who {
+    Primary,
 }
 
-/// Which blocks a prewarm call loads: the hot set's, or colder ones filling unused buffers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tier {
-    Hot,
-    Fill,
-}
-
-/// How many colder blocks a standby with `buffers` buffers, `cached` of them in use, takes:
-/// its unused buffers less a reserve of 1/64 of them.
-fn unused_room(buffers: u64, cached: u64) -> u64 {
-    buffers
-        .saturating_sub(cached)
-        .saturating_sub(buffers / FILL_RESERVE_DIVISOR)
-}
-
-/// `list` split into batches in the order a standby with `unused` unused buffers (None:
-/// not known) should read them. When they all fit, nothing the standby caches is evicted
-/// whatever the order, so in file order, as autoprewarm reads: each batch a stretch of the
-/// files read front to back, which on a cold standby costs the CPU and I/O of pg_prewarm
-/// (BENCHMARKS.md, "Cold restart: the read order"). Otherwise hottest first, so that the
-/// loads that evict go to the hottest blocks and a cycle cut short has loaded those.
-fn in_load_order(list: &BlockList, unused: Option<u64>, batch_blocks: usize) -> Vec<Vec<u8>> {
-    if unused.is_some_and(|unused| list.len() as u64 <= unused) {
-        list.split_in_file_order(batch_blocks)
-    } else {
-        list.split_hottest_first(batch_blocks)
+impl Who {
+    fn side(self) -> Side {
+        match self {
+            Who::Primary => Side::Primary,
+        }
     }
 }
 
-/// One standby to warm, and what the loop remembers of it between cycles.
-struct Standby {
-    name: String,
-    conninfo: ConnInfo,
-    node: Option<Node>,
-    /// Its own backoff, used while other standbys are being warmed.
-    backoff: Backoff,
-    retry_at: Option<Instant>,
-    /// The problem last logged for it: each is logged once, when it starts.
-    problem: Option<String>,
-    /// Connected and found to follow the primary (check_source): only such a standby is
-    /// accepted as another standby's WAL sender (a cascade).
-    verified: bool,
-    /// No look below the threshold for it before this (the last one found nothing to send).
-    fill_idle_until: Option<Instant>,
-    /// Its warming waits for replay (max_replay_lag): logged once, when it starts.
-    replay_behind: bool,
-    /// Blocks its change feed holds as cached (feed mode), for fill_room's room.
-    feed_tracked: Option<u64>,
+/// How long the cycle waits for the standbys' step (1) at least: a feed or filter call takes
+/// milliseconds, a sweep of a large pool after a reset tens of them; a standby that has not
+/// answered by then (silent, or far behind) is left to its task and the others go on.
+const PREPARE_WAIT_MIN: Duration = Duration::from_secs(1);
+
+/// A busy standby that has not answered for this long is shown down as silent.
+const SILENT_AFTER: Duration = Duration::from_secs(5);
+
+/// How long a shutdown waits for the standbys' tasks to cancel their statements.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// A standby's task's end: its step (1), or its warming.
+enum Finished<N: NodeApi> {
+    Prepared(Done<Ready, N>),
+    Warmed(Done<(), N>),
 }
 
-impl Standby {
+/// A standby's place in the topology: idle between its shares of the cycles, or busy in a
+/// task of its own (`task`), which has it (`standby` is then None).
+struct Slot<N: NodeApi> {
+    name: String,
+    conninfo: ConnInfo,
+    standby: Option<Box<Standby<N>>>,
+    task: Option<JoinHandle<Finished<N>>>,
+    /// Accepted as a WAL sender of the others (connected and following the primary) when it
+    /// was last idle.
+    member: bool,
+    /// Its share of the hot set when its task last reported (a busy standby's coverage).
+    last: Option<StandbyReport>,
+    /// When its task last heard from it (the standby's `heard`, shared while busy).
+    heard: Option<Arc<Mutex<Instant>>>,
+    /// Said to be silent (shown down) since its task stopped hearing from it.
+    silent: bool,
+}
+
+impl<N: NodeApi> Slot<N> {
     fn new(target: Target, max_backoff: Duration) -> Self {
-        Standby {
-            name: target.name,
-            conninfo: target.conninfo,
-            node: None,
-            backoff: Backoff::new(max_backoff),
-            retry_at: None,
-            problem: None,
-            verified: false,
-            fill_idle_until: None,
-            replay_behind: false,
-            feed_tracked: None,
+        Slot {
+            name: target.name.clone(),
+            conninfo: target.conninfo.clone(),
+            standby: Some(Box::new(Standby::new(target, max_backoff))),
+            task: None,
+            member: false,
+            last: None,
+            heard: None,
+            silent: false,
         }
     }
 
@@ -318,80 +321,73 @@ impl Standby {
         self.conninfo.hosts().into_iter().next()
     }
 
-    /// Puts it off for its next backoff delay (at most `cap`) because of `problem`. Returns
-    /// the delay as the log says it when the problem is new: each is logged once.
-    fn defer(&mut self, cap: Duration, problem: String) -> Option<String> {
-        let delay = self.backoff.next_delay().min(cap);
-        self.retry_at = Some(Instant::now() + delay);
-        if self.problem.as_deref() == Some(problem.as_str()) {
-            return None;
-        }
-        self.problem = Some(problem);
-        Some(format_duration(Duration::from_millis(
-            delay.as_millis() as u64
-        )))
+    fn busy(&self) -> bool {
+        self.task.is_some()
     }
-}
 
-/// Whose call a result is.
-#[derive(Debug, Clone, Copy)]
-enum Who {
-    Primary,
-    Standby(usize),
-}
-
-impl Who {
-    fn side(self) -> Side {
-        match self {
-            Who::Primary => Side::Primary,
-            Who::Standby(_) => Side::Standby,
+    /// Connected, as far as the cycle knows (a busy standby was when its task started).
+    fn up(&self) -> bool {
+        match &self.standby {
+            Some(standby) => standby.node.is_some(),
+            None => true,
         }
     }
 }
 
-/// A standby's fate in step (1).
-enum Ready {
-    Filter(Vec<u8>),
-    /// Not warmed this cycle, and not a fault (waiting out its backoff, a primary listed
-    /// among the standbys, a recovery conflict).
-    Pass,
+impl<N: NodeApi> Drop for Slot<N> {
+    /// A standby no longer in the topology (or replaced) takes its task with it.
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// The seq of the primary's last change-feed answer, and which node gave it.
+#[derive(Debug, Clone)]
+struct PrimaryCursor {
+    label: String,
+    system_identifier: String,
+    seq: i64,
 }
 
 /// The connections and what the loop remembers between cycles.
-pub struct Syncer {
+pub struct Syncer<N: NodeApi = Node> {
     cfg: Arc<Config>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
     /// The primary's connection string this cycle (from the topology).
     primary_info: Option<ConnInfo>,
-    primary: Option<Node>,
+    primary: Option<N>,
     /// Where the primary's WAL goes from: its timeline (extension 0.4 and later).
     primary_source: Option<WalSource>,
     /// The primary's addresses, to recognise it as a standby's WAL sender.
     primary_addrs: Vec<IpAddr>,
-    /// WAL senders that are no node the agent knows (walsender.rs).
-    unknown_senders: walsender::Unknowns,
+    /// The primary's feed cursor: a new session to the same node goes on from it.
+    primary_cursor: Option<PrimaryCursor>,
     /// The host the primary side last connected to, to count retargets.
     last_primary_host: Option<String>,
     /// Patroni's leader at the last look.
     leader: Option<String>,
-    standbys: Vec<Standby>,
+    standbys: Vec<Slot<N>>,
     /// Patroni members left out, as last logged.
     excluded: Vec<(String, String)>,
     /// Whether "CCM is disabled" was already logged (it is logged once per episode).
     disabled_logged: bool,
     /// The change feeds' mirror (feed.rs) and this agent's subscriber id on every node.
-    mirror: Mirror,
+    mirror: Arc<Mutex<Mirror>>,
     subscriber: i64,
     /// Use the change feed where every node has it (config change_feed; not for sync --once).
     feed_wanted: bool,
+    /// Wait for every standby's task to end (sync --once) instead of going on without it.
+    patient: bool,
     /// "predates the change feed" was logged for this catalog and library version.
     feed_absent_logged: Option<String>,
     /// The primary's hot set at the last cycle, whichever exchange counted it.
     last_hot_set: u64,
 }
 
-impl Syncer {
+impl<N: NodeApi> Syncer<N> {
     pub fn new(cfg: Arc<Config>, metrics: Arc<Metrics>, cancel: CancellationToken) -> Self {
         let cfg_change_feed = cfg.change_feed;
         Syncer {
@@ -402,15 +398,16 @@ impl Syncer {
             primary: None,
             primary_source: None,
             primary_addrs: Vec::new(),
-            unknown_senders: walsender::Unknowns::default(),
+            primary_cursor: None,
             last_primary_host: None,
             leader: None,
             standbys: Vec::new(),
             excluded: Vec::new(),
             disabled_logged: false,
-            mirror: Mirror::default(),
+            mirror: Arc::new(Mutex::new(Mirror::default())),
             subscriber: feed::new_subscriber(),
             feed_wanted: cfg_change_feed,
+            patient: false,
             feed_absent_logged: None,
             last_hot_set: 0,
         }
@@ -423,15 +420,14 @@ impl Syncer {
         }
     }
 
-    fn primary(&mut self) -> &mut Node {
-        self.primary.as_mut().expect("connected by ensure_primary")
+    fn mirror(&self) -> std::sync::MutexGuard<'_, Mirror> {
+        self.mirror
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn standby(&mut self, i: usize) -> &mut Node {
-        self.standbys[i]
-            .node
-            .as_mut()
-            .expect("connected by ensure_standby")
+    fn primary(&mut self) -> &mut N {
+        self.primary.as_mut().expect("connected by ensure_primary")
     }
 
     fn primary_label(&self) -> String {
@@ -442,11 +438,18 @@ impl Syncer {
         }
     }
 
+    /// The idle standby of slot `i` (every slot of a ready standby is idle between phases).
+    fn standby(&mut self, i: usize) -> &mut Standby<N> {
+        self.standbys[i].standby.as_mut().expect("an idle standby")
+    }
+
     /// Adds what each live session carried since the last count to ccm_agent_bytes_total.
     fn count_wire(&mut self) {
         count_node_wire(&self.metrics, "primary", self.primary.as_mut());
-        for standby in &mut self.standbys {
-            count_node_wire(&self.metrics, &standby.name, standby.node.as_mut());
+        for slot in &mut self.standbys {
+            if let Some(standby) = slot.standby.as_mut() {
+                standby.count_wire(&self.metrics);
+            }
         }
     }
 
@@ -459,21 +462,36 @@ impl Syncer {
         self.primary_addrs.clear();
     }
 
-    fn drop_standby(&mut self, i: usize) {
-        let standby = &mut self.standbys[i];
-        count_node_wire(&self.metrics, &standby.name, standby.node.as_mut());
-        self.standbys[i].verified = false;
-        if self.standbys[i].node.take().is_some() {
-            self.metrics.set_standby_up(&self.standbys[i].name, false);
+    /// Closes every standby's session (a busy one's task ends with it).
+    fn drop_standbys(&mut self) {
+        for slot in &mut self.standbys {
+            if let Some(task) = slot.task.take() {
+                task.abort();
+                self.metrics.set_standby_up(&slot.name, false);
+                let target = Target {
+                    name: slot.name.clone(),
+                    conninfo: slot.conninfo.clone(),
+                };
+                slot.standby = Some(Box::new(Standby::new(target, self.cfg.max_backoff)));
+            }
+            if let Some(standby) = slot.standby.as_mut() {
+                standby.drop_session(&self.metrics);
+            }
+            slot.member = false;
         }
-        let any = self.standbys.iter().any(|s| s.node.is_some());
+        self.note_standbys_up();
+    }
+
+    /// ccm_agent_node_up for the standby side: any standby connected.
+    fn note_standbys_up(&self) {
+        let any = self.standbys.iter().any(Slot::up);
         self.metrics.set_node_up(Side::Standby, any);
     }
 
     // ---- (0) topology -----------------------------------------------------------------
 
-    /// Reads the topology and lines the standbys up in its order, keeping the sessions of
-    /// those that stay. A changed leader drops the primary's session.
+    /// Reads the topology and lines the standbys up in its order, keeping the sessions (and
+    /// the tasks) of those that stay. A changed leader drops the primary's session.
     async fn refresh_topology(&mut self) -> Result<(), CycleError> {
         let discovered = tokio::select! {
             _ = self.cancel.cancelled() => return Err(CycleError::Cancelled),
@@ -484,11 +502,10 @@ impl Syncer {
             Err(e) => {
                 // Without Patroni's word on who leads, nothing is warmed: the sessions are
                 // closed (and shown down) rather than kept on a topology that may be gone,
-                // e.g. while the agent itself is cut off from the cluster.
+                // e.g. while the agent itself is cut off from the cluster. The feeds' cursors
+                // stay: the same nodes go on where they were once the topology is back.
                 self.drop_primary();
-                for i in 0..self.standbys.len() {
-                    self.drop_standby(i);
-                }
+                self.drop_standbys();
                 return Err(CycleError::Topology(e.to_string()));
             }
         };
@@ -512,19 +529,24 @@ impl Syncer {
         for target in topology.targets {
             match old.iter().position(|s| s.name == target.name) {
                 Some(pos) => {
-                    let mut standby = old.remove(pos);
-                    if standby.conninfo.hosts() != target.conninfo.hosts() {
-                        standby.node = None;
+                    let mut slot = old.remove(pos);
+                    if slot.conninfo.hosts() != target.conninfo.hosts() {
+                        // Another host under the same name: a new standby, its task gone.
+                        self.metrics.set_standby_up(&slot.name, false);
+                        slot = Slot::new(target, self.cfg.max_backoff);
+                    } else {
+                        if let Some(standby) = slot.standby.as_mut() {
+                            standby.conninfo = target.conninfo.clone();
+                        }
+                        slot.conninfo = target.conninfo;
                     }
-                    standby.conninfo = target.conninfo;
-                    self.standbys.push(standby);
+                    self.standbys.push(slot);
                 }
                 None => {
                     if !self.standbys.is_empty() || self.leader.is_some() {
                         debug!(standby = %target.name, "a standby to warm");
                     }
-                    self.standbys
-                        .push(Standby::new(target, self.cfg.max_backoff));
+                    self.standbys.push(Slot::new(target, self.cfg.max_backoff));
                 }
             }
         }
@@ -543,8 +565,7 @@ impl Syncer {
         }
         let names: Vec<String> = self.standbys.iter().map(|s| s.name.clone()).collect();
         self.metrics.standbys(&names);
-        let any = self.standbys.iter().any(|s| s.node.is_some());
-        self.metrics.set_node_up(Side::Standby, any);
+        self.note_standbys_up();
         Ok(())
     }
 
@@ -571,7 +592,7 @@ impl Syncer {
                 error,
             },
         };
-        let mut node = node::resolve(&info, Side::Primary, self.options(), &self.cancel, true)
+        let mut node = N::resolve(&info, Side::Primary, self.options(), &self.cancel)
             .await
             .map_err(connect)?;
         let source = node.wal_source().await.map_err(connect)?;
@@ -582,28 +603,35 @@ impl Syncer {
                 warn!("the primary side moved from {previous} to {label}");
             }
         }
+        // The same node as before goes on from its feed's last answer.
+        let after = self
+            .primary_cursor
+            .as_ref()
+            .filter(|c| c.label == label && c.system_identifier == node.facts().system_identifier)
+            .map_or(0, |c| c.seq);
+        node.set_feed_after(after);
         info!(
             side = "primary",
             host = %label,
-            system_identifier = %node.facts.system_identifier,
-            server_version = %node.facts.server_version,
-            pg_ccm = node.facts.extension_version.as_deref().unwrap_or("?"),
-            pg_ccm_library = node.facts.library_version.as_deref().unwrap_or("?"),
-            shared_buffers_blocks = node.facts.shared_buffers,
+            system_identifier = %node.facts().system_identifier,
+            server_version = %node.facts().server_version,
+            pg_ccm = node.facts().extension_version.as_deref().unwrap_or("?"),
+            pg_ccm_library = node.facts().library_version.as_deref().unwrap_or("?"),
+            shared_buffers_blocks = node.facts().shared_buffers,
             timeline = source.as_ref().and_then(|s| s.timeline),
             "connected to the primary"
         );
         if let Some(warning) = node.catalog_behind() {
             warn!("{warning}");
         }
-        self.primary_addrs = addresses(&node.host).await;
+        self.primary_addrs = addresses(node.host()).await;
         self.primary_source = source;
         self.metrics.set_node_up(Side::Primary, true);
         self.primary = Some(node);
         Ok(())
     }
 
-    /// Turns a call's error into a cycle error, dropping the session if it is broken.
+    /// Turns a primary call's error into a cycle error, dropping the session if it is broken.
     fn call<T>(
         &mut self,
         who: Who,
@@ -621,19 +649,9 @@ impl Syncer {
                 host,
             }),
             Err(error) => {
-                match who {
-                    Who::Primary => {
-                        if error.breaks_connection()
-                            || self.primary.as_ref().is_some_and(Node::is_closed)
-                        {
-                            self.drop_primary();
-                        }
-                    }
-                    Who::Standby(i) => {
-                        if self.standby_broken(i, &error) {
-                            self.drop_standby(i);
-                        }
-                    }
+                if error.breaks_connection() || self.primary.as_ref().is_some_and(|n| n.is_closed())
+                {
+                    self.drop_primary();
                 }
                 Err(CycleError::Node {
                     stage,
@@ -656,313 +674,6 @@ impl Syncer {
         }
     }
 
-    // ---- (1) the standbys -------------------------------------------------------------
-
-    /// Connects standby `i` if needed. `Ok(false)`: the host is not a standby (a primary
-    /// listed among the standbys, or the node just promoted).
-    async fn ensure_standby(&mut self, i: usize) -> Result<bool, CycleError> {
-        if let Some(node) = &self.standbys[i].node {
-            if !node.is_closed() {
-                return Ok(true);
-            }
-            warn!(
-                standby = %self.standbys[i].name,
-                "lost the connection to the standby {}; reconnecting",
-                node.label()
-            );
-            self.drop_standby(i);
-        }
-        let Some(host) = self.standbys[i].host() else {
-            return Ok(false);
-        };
-        let options = self.options();
-        let connected = Node::connect(
-            &self.standbys[i].conninfo,
-            &host,
-            Side::Standby,
-            options,
-            &self.cancel,
-        )
-        .await;
-        let node = match connected {
-            Ok(node) => node,
-            Err(NodeError::Cancelled) => return Err(CycleError::Cancelled),
-            Err(error) => {
-                return Err(CycleError::Node {
-                    stage: Stage::Connect,
-                    side: Side::Standby,
-                    error,
-                })
-            }
-        };
-        if !node.facts.in_recovery {
-            return Ok(false);
-        }
-        node.require_extension().map_err(|error| CycleError::Node {
-            stage: Stage::Connect,
-            side: Side::Standby,
-            error,
-        })?;
-        if let Some(primary) = &self.primary {
-            node::check_same_system(primary, &node).map_err(CycleError::Safety)?;
-        }
-        let standby = &self.standbys[i];
-        info!(
-            side = "standby",
-            standby = %standby.name,
-            host = %node.label(),
-            system_identifier = %node.facts.system_identifier,
-            server_version = %node.facts.server_version,
-            pg_ccm = node.facts.extension_version.as_deref().unwrap_or("?"),
-            pg_ccm_library = node.facts.library_version.as_deref().unwrap_or("?"),
-            shared_buffers_blocks = node.facts.shared_buffers,
-            "connected to the standby {}",
-            standby.name
-        );
-        if let Some(warning) = node.catalog_behind() {
-            warn!(standby = %standby.name, "{warning}");
-        }
-        self.metrics.set_standby_up(&standby.name, true);
-        self.metrics.set_node_up(Side::Standby, true);
-        self.standbys[i].node = Some(node);
-        Ok(true)
-    }
-
-    fn standby_broken(&self, i: usize, error: &NodeError) -> bool {
-        error.breaks_connection() || self.standbys[i].node.as_ref().is_some_and(Node::is_closed)
-    }
-
-    /// Standby `i` was promoted (no longer in recovery): drops it and says so.
-    fn promoted(&mut self, i: usize) -> CycleError {
-        let host = self.standbys[i]
-            .node
-            .as_ref()
-            .map(Node::label)
-            .unwrap_or_else(|| self.standbys[i].name.clone());
-        self.drop_standby(i);
-        CycleError::RoleChanged {
-            side: Side::Standby,
-            message: format!(
-                "standby {host} was promoted (no longer in recovery); looking for a new standby"
-            ),
-        }
-    }
-
-    /// Checks that standby `i` follows this primary: the same timeline, and WAL streamed
-    /// from the primary (or from another standby being warmed, a cascade). Skipped with an
-    /// extension older than 0.4.
-    async fn check_source(&mut self, i: usize) -> Result<(), CycleError> {
-        self.standbys[i].verified = false;
-        let Some(primary_timeline) = self.primary_source.as_ref().and_then(|s| s.timeline) else {
-            return Ok(());
-        };
-        let result = self.standby(i).wal_source().await;
-        let Some(source) = self.call(Who::Standby(i), Stage::Safety, result)? else {
-            return Ok(());
-        };
-        if !source.in_recovery {
-            return Err(self.promoted(i));
-        }
-        let name = self.standbys[i].name.clone();
-        let primary = self.primary_label();
-        if let Some(timeline) = source.timeline {
-            if timeline != primary_timeline {
-                self.drop_standby(i);
-                return Err(CycleError::Safety(format!(
-                    "standby {name} streams timeline {timeline} but the primary {primary} writes \
-                     timeline {primary_timeline}: it follows another primary, so it is not warmed"
-                )));
-            }
-        }
-        if let (Some(sender), Some(port)) = (source.sender_host.as_deref(), source.sender_port) {
-            if !self.sender_accepted(i, Endpoint::new(sender, port)).await {
-                self.drop_standby(i);
-                return Err(CycleError::Safety(format!(
-                    "standby {name} streams its WAL from {sender}:{port}, which is neither the \
-                     primary {primary} nor a standby being warmed, so it is not warmed"
-                )));
-            }
-        }
-        // A WAL receiver that is not streaming (reconnecting, or no primary_conninfo) names
-        // no sender: the timeline and the system identifier are all there is to check.
-        self.standbys[i].verified = true;
-        Ok(())
-    }
-
-    /// Whether standby `i` may be warmed given its WAL sender (walsender.rs): a member or,
-    /// under `wal_sender_check = warn`, an unknown one (warned about once).
-    async fn sender_accepted(&mut self, i: usize, sender: Endpoint) -> bool {
-        let check = self.cfg.wal_sender_check;
-        let name = self.standbys[i].name.clone();
-        let now = Instant::now();
-        let found = if check == walsender::SenderCheck::Off {
-            Sender::Member
-        } else if self.unknown_senders.recent(&name, &sender, now) {
-            Sender::Unknown
-        } else {
-            self.classify_sender(sender.clone()).await
-        };
-        match walsender::verdict(&found, check) {
-            Verdict::Warm => {
-                self.unknown_senders.forget(&name);
-                true
-            }
-            Verdict::WarmUnknown => {
-                if self.unknown_senders.record(&name, &sender, now) {
-                    warn!(
-                        standby = %name,
-                        "standby {name} streams its WAL from {}:{}, which is no node the agent \
-                         knows (a virtual IP, a Service or a proxy?); it is warmed on the \
-                         strength of its system identifier and timeline \
-                         (wal_sender_check = strict refuses it)",
-                        sender.name, sender.port
-                    );
-                }
-                true
-            }
-            Verdict::Refuse => false,
-        }
-    }
-
-    /// The sender against the primary and the standbys being warmed (members) and the other
-    /// hosts of the standby string or Patroni members (walsender.rs). Names first; then the
-    /// addresses, the primary's resolved again (a DNS failure at connect time must not make
-    /// its standbys strangers).
-    async fn classify_sender(&mut self, mut sender: Endpoint) -> Sender {
-        let endpoint = |host: &HostSpec| Endpoint::new(host.name(), host.port);
-        let member_slot = |s: &Standby| s.verified && s.node.is_some();
-        let primary_host = self.primary.as_ref().map(|p| p.host.clone());
-        let mut members: Vec<Endpoint> = primary_host.iter().map(endpoint).collect();
-        members.extend(
-            self.standbys
-                .iter()
-                .filter(|s| member_slot(s))
-                .filter_map(Standby::host)
-                .map(|h| endpoint(&h)),
-        );
-        let mut others: Vec<Endpoint> = self
-            .standbys
-            .iter()
-            .filter(|s| !member_slot(s))
-            .filter_map(Standby::host)
-            .map(|h| endpoint(&h))
-            .collect();
-        let by_name = walsender::classify(&sender, &members, &others);
-        if by_name != Sender::Unknown || sender.is_socket() {
-            return by_name;
-        }
-        sender.addrs = lookup(&sender.name, sender.port).await;
-        if let (Some(host), Some(primary)) = (&primary_host, members.first_mut()) {
-            self.primary_addrs = addresses(host).await;
-            primary.addrs = self.primary_addrs.clone();
-        }
-        for other in others.iter_mut().filter(|o| !o.is_socket()) {
-            other.addrs = lookup(&other.name, other.port).await;
-        }
-        walsender::classify(&sender, &members, &others)
-    }
-
-    /// Step (1) for standby `i`: connected, checked, and its filter.
-    async fn standby_filter(
-        &mut self,
-        i: usize,
-        feed: bool,
-        report: &mut CycleReport,
-    ) -> Result<Ready, CycleError> {
-        if self.standbys[i]
-            .retry_at
-            .is_some_and(|at| Instant::now() < at)
-        {
-            return Ok(Ready::Pass);
-        }
-        if !self.ensure_standby(i).await? {
-            // A primary listed among the standbys stays one until a failover, when the
-            // old primary comes back as a standby: ask again now and then, never rarely.
-            let standby = &mut self.standbys[i];
-            let note = format!("{} is not in recovery", standby.name);
-            if let Some(retry) = standby.defer(NOT_A_STANDBY_RECHECK, note.clone()) {
-                info!(standby = %standby.name, "{note}; not warming it (asking again in {retry})");
-            }
-            return Ok(Ready::Pass);
-        }
-        self.check_source(i).await?;
-        if feed {
-            return self.standby_feed(i, report).await;
-        }
-        let fpr = self.cfg.false_positive_rate;
-        let result = self.standby(i).buffer_filter(fpr).await;
-        if let Err(error) = &result {
-            if error.class() == ErrorClass::RecoveryConflict {
-                self.recovery_conflict(i, error, report);
-                return Ok(Ready::Pass);
-            }
-        }
-        let (in_recovery, filter) = self.call(Who::Standby(i), Stage::Filter, result)?;
-        if !in_recovery {
-            return Err(self.promoted(i));
-        }
-        report.filter_bytes += filter.len();
-        self.metrics
-            .filter_bytes
-            .set(saturating_i64(filter.len() as u64));
-        Ok(Ready::Filter(filter))
-    }
-
-    /// Step (1) in feed mode for standby `i`: its change feed's answer, applied to the
-    /// mirror. `Ready::Filter` carries no filter then: with extension 0.5.0, fill_room asks
-    /// for one only when the standby has room. A feed that has not swept all the standby's
-    /// buffers since its last reset (a restarted standby, a new agent) is asked once more
-    /// in the same cycle to sweep all of them, so that the agent knows what the standby
-    /// holds, and how much room it has, before it sends (one sweep of shared_buffers after
-    /// each reset, instead of a quarter in each of four cycles).
-    async fn standby_feed(
-        &mut self,
-        i: usize,
-        report: &mut CycleReport,
-    ) -> Result<Ready, CycleError> {
-        let name = self.standbys[i].name.clone();
-        let buffers = self.standby(i).facts.shared_buffers;
-        for budget in [feed::sweep_budget(buffers), buffers] {
-            let subscriber = self.subscriber;
-            let result = self
-                .standby(i)
-                .buffer_changes(subscriber, Some(EVERY_CACHED_BLOCK), budget, false)
-                .await;
-            if let Err(error) = &result {
-                if error.class() == ErrorClass::RecoveryConflict {
-                    self.recovery_conflict(i, error, report);
-                    return Ok(Ready::Pass);
-                }
-            }
-            let (in_recovery, answer) = self.call(Who::Standby(i), Stage::Filter, result)?;
-            if !in_recovery {
-                return Err(self.promoted(i));
-            }
-            self.note_feed_reset(&name, &answer);
-            self.mirror.apply_standby(&name, &answer);
-            self.standby(i).feed_after = answer.seq;
-            self.standbys[i].feed_tracked = u64::try_from(answer.tracked).ok();
-            report.filter_bytes += answer_bytes(&answer);
-            if self.mirror.standby_complete(&name) {
-                break;
-            }
-        }
-        Ok(Ready::Filter(Vec::new()))
-    }
-
-    /// Logs (once per reset) and counts a node's feed starting over.
-    fn note_feed_reset(&self, node: &str, answer: &FeedAnswer) {
-        if answer.reset {
-            self.metrics.feed_reset(node);
-            info!(
-                node = %node,
-                reason = answer.reset_reason.as_deref().unwrap_or("?"),
-                "the change feed of {node} starts over ({}): its blocks are listed again",
-                answer.reset_reason.as_deref().unwrap_or("?")
-            );
-        }
-    }
-
     /// Whether this cycle uses the change feed: wanted, and the primary and every connected
     /// standby serve it (their catalog and their loaded library, see `Node::has_change_feed`).
     /// Said once per catalog and library version when the primary does not.
@@ -979,12 +690,13 @@ impl Syncer {
             return !self
                 .standbys
                 .iter()
-                .filter_map(|s| s.node.as_ref())
+                .filter_map(|s| s.standby.as_ref()?.node.as_ref())
                 .any(|n| {
-                    u64::try_from(n.facts.shared_buffers).unwrap_or(0) < hot || !n.has_change_feed()
+                    u64::try_from(n.facts().shared_buffers).unwrap_or(0) < hot
+                        || !n.has_change_feed()
                 });
         }
-        let facts = &primary.facts;
+        let facts = primary.facts();
         let catalog = facts.extension_version.as_deref().unwrap_or("?");
         let library = facts.library_version.as_deref().unwrap_or("?");
         let seen = format!("{catalog} {library}");
@@ -1007,35 +719,204 @@ impl Syncer {
         false
     }
 
-    /// A standby's trouble while the cycle goes on with others: logged when it starts,
-    /// counted, and retried after its own backoff.
-    fn standby_trouble(&mut self, i: usize, error: &CycleError) {
-        if let Some(stage) = error.stage() {
-            self.metrics.cycle_error(stage);
+    // ---- the standbys' tasks ----------------------------------------------------------
+
+    /// What the standbys' tasks share this cycle.
+    fn shared(&self, progress: Option<&ProgressBar>, started: Instant) -> Shared {
+        let endpoint = |host: &HostSpec| Endpoint::new(host.name(), host.port);
+        let primary = self.primary.as_ref();
+        let mut members: Vec<Endpoint> = primary.iter().map(|p| endpoint(p.host())).collect();
+        if let Some(first) = members.first_mut() {
+            first.addrs = self.primary_addrs.clone();
         }
-        let cap = error.backoff_cap(&self.cfg);
-        let standby = &mut self.standbys[i];
-        let text = error.to_string();
-        if let Some(retry) = standby.defer(cap, text.clone()) {
-            match error {
-                CycleError::Safety(_) => {
-                    error!(standby = %standby.name, "{text}; retrying in {retry}")
+        let mut others = Vec::new();
+        for slot in &self.standbys {
+            if let Some(host) = slot.host() {
+                if slot.member {
+                    members.push(endpoint(&host));
+                } else {
+                    others.push(endpoint(&host));
                 }
-                _ => {
-                    warn!(standby = %standby.name, "{text}; warming the other standbys, retrying this one in {retry}")
+            }
+        }
+        Shared {
+            cfg: self.cfg.clone(),
+            metrics: self.metrics.clone(),
+            cancel: self.cancel.clone(),
+            subscriber: self.subscriber,
+            mirror: self.mirror.clone(),
+            primary: PrimaryView {
+                label: self.primary_label(),
+                host: primary.map(|p| p.host().clone()),
+                system_identifier: primary
+                    .map(|p| p.facts().system_identifier.clone())
+                    .unwrap_or_default(),
+                timeline: self.primary_source.as_ref().and_then(|s| s.timeline),
+            },
+            members,
+            others,
+            progress: progress.cloned(),
+            fill_until: started + self.cfg.interval,
+            colder_feed: self.colder_feed(),
+        }
+    }
+
+    /// Starts a task for each idle standby of `which` (None: every idle one).
+    fn spawn(
+        &mut self,
+        which: Option<Vec<(usize, Option<Vec<u8>>)>>,
+        shared: &Arc<Shared>,
+        feed: bool,
+    ) -> Vec<usize> {
+        let mut started = Vec::new();
+        let work: Vec<(usize, Option<Option<Vec<u8>>>)> = match which {
+            None => (0..self.standbys.len()).map(|i| (i, None)).collect(),
+            Some(lists) => lists.into_iter().map(|(i, l)| (i, Some(l))).collect(),
+        };
+        for (i, warm) in work {
+            let slot = &mut self.standbys[i];
+            let Some(standby) = slot.standby.take() else {
+                continue;
+            };
+            slot.member = standby.verified && standby.node.is_some();
+            standby.heard_now();
+            slot.heard = Some(standby.heard.clone());
+            let shared = shared.clone();
+            slot.task = Some(tokio::spawn(async move {
+                match warm {
+                    None => Finished::Prepared(standby::prepare_task(standby, shared, feed).await),
+                    Some(list) => Finished::Warmed(standby::warm_task(standby, shared, list).await),
                 }
+            }));
+            started.push(i);
+        }
+        started
+    }
+
+    /// Waits for the tasks of slots `started` until they have ended or `deadline` has passed
+    /// (None: until they have ended), and takes back the standbys of those that ended. Those
+    /// still running stay busy: the cycle goes on without them.
+    async fn gather(
+        &mut self,
+        started: Vec<usize>,
+        deadline: Option<Instant>,
+    ) -> Vec<(usize, Finished<N>)> {
+        let mut ended = Vec::new();
+        for i in started {
+            let Some(mut task) = self.standbys[i].task.take() else {
+                continue;
+            };
+            let joined = match deadline {
+                None => Some((&mut task).await),
+                Some(at) if Instant::now() < at => {
+                    tokio::time::timeout_at(at.into(), &mut task).await.ok()
+                }
+                Some(_) if task.is_finished() => Some((&mut task).await),
+                Some(_) => None,
+            };
+            match joined {
+                None => self.standbys[i].task = Some(task),
+                Some(Ok(finished)) => ended.push((i, finished)),
+                Some(Err(error)) => {
+                    // Aborted (never while the slot has it) or panicked: start it afresh.
+                    let slot = &mut self.standbys[i];
+                    error!(standby = %slot.name, "the task of the standby {} ended: {error}", slot.name);
+                    let target = Target {
+                        name: slot.name.clone(),
+                        conninfo: slot.conninfo.clone(),
+                    };
+                    slot.standby = Some(Box::new(Standby::new(target, self.cfg.max_backoff)));
+                }
+            }
+        }
+        self.note_standbys_up();
+        ended
+    }
+
+    /// Puts a task's standby back in its slot and counts what it did in `report`.
+    fn take_back<T>(
+        &mut self,
+        i: usize,
+        done: Done<T, N>,
+        report: &mut CycleReport,
+    ) -> Result<T, CycleError> {
+        let slot = &mut self.standbys[i];
+        slot.member = done.standby.verified && done.standby.node.is_some();
+        slot.heard = None;
+        if std::mem::take(&mut slot.silent) && done.standby.node.is_some() {
+            self.metrics.set_standby_up(&slot.name, true);
+        }
+        slot.standby = Some(done.standby);
+        if let Some(last) = done.report.standbys.last() {
+            slot.last = Some(last.clone());
+        }
+        report.absorb(done.report);
+        done.result
+    }
+
+    /// The standbys whose task ran past an earlier cycle and has ended since: taken back,
+    /// what they did counted in this cycle, their trouble (if any) their own.
+    async fn collect_late(&mut self, report: &mut CycleReport) {
+        let finished: Vec<usize> = (0..self.standbys.len())
+            .filter(|&i| {
+                self.standbys[i]
+                    .task
+                    .as_ref()
+                    .is_some_and(|t| t.is_finished())
+            })
+            .collect();
+        for (i, finished) in self.gather(finished, None).await {
+            let (result, warmed) = match finished {
+                Finished::Prepared(done) => (self.take_back(i, done, report).map(|_| ()), false),
+                Finished::Warmed(done) => (self.take_back(i, done, report), true),
+            };
+            match result {
+                Ok(()) if warmed => self.standby(i).fine(),
+                Ok(()) => {}
+                Err(CycleError::Cancelled | CycleError::Disabled { .. }) => {}
+                Err(e) => self.standby_trouble(i, &e),
             }
         }
     }
 
-    /// A standby warmed without trouble: its backoff and problem are over.
-    fn standby_fine(&mut self, i: usize) {
-        let standby = &mut self.standbys[i];
-        standby.backoff.reset();
-        standby.retry_at = None;
-        if standby.problem.take().is_some() {
-            info!(standby = %standby.name, "warming the standby {} again", standby.name);
+    /// At shutdown: gives the standbys' tasks, which the cancel has reached, a moment to
+    /// cancel their statements on the standbys (as a call of the cycle itself would) before
+    /// they are dropped.
+    pub async fn finish_tasks(&mut self) {
+        let busy: Vec<usize> = (0..self.standbys.len())
+            .filter(|&i| self.standbys[i].busy())
+            .collect();
+        let deadline = Instant::now() + SHUTDOWN_WAIT;
+        self.gather(busy, Some(deadline)).await;
+    }
+
+    /// Busy standbys that have not answered for SILENT_AFTER (or three intervals, if longer)
+    /// are shown down and said to be silent, once; their task goes on until its deadlines end
+    /// it or the standby answers.
+    fn note_silent(&mut self) {
+        let after = SILENT_AFTER.max(self.cfg.interval * 3);
+        for slot in &mut self.standbys {
+            let Some(heard) = slot.heard.as_ref().filter(|_| slot.task.is_some()) else {
+                continue;
+            };
+            let quiet = heard.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
+            if quiet >= after && !slot.silent {
+                slot.silent = true;
+                self.metrics.set_standby_up(&slot.name, false);
+                warn!(
+                    standby = %slot.name,
+                    "the standby {} has not answered for {}; warming the others without it until it does",
+                    slot.name,
+                    format_duration(Duration::from_secs(quiet.as_secs()))
+                );
+            }
         }
+    }
+
+    /// A standby's trouble while the cycle goes on with others.
+    fn standby_trouble(&mut self, i: usize, error: &CycleError) {
+        let (cfg, metrics) = (self.cfg.clone(), self.metrics.clone());
+        self.standby(i).trouble(&cfg, &metrics, error);
     }
 
     // ---- the cycle --------------------------------------------------------------------
@@ -1050,29 +931,43 @@ impl Syncer {
         self.ensure_primary().await?;
         let started = Instant::now();
         let mut report = CycleReport::default();
+        self.collect_late(&mut report).await;
+        self.note_silent();
 
-        // (1) What each standby already caches.
+        // (1) What each standby already caches, each in a task of its own.
         let feed = self.feed_mode();
-        let mut ready: Vec<(usize, Vec<u8>)> = Vec::new();
+        let shared = Arc::new(self.shared(progress, started));
+        let tasks = self.spawn(None, &shared, feed);
+        let wait = (!self.patient).then(|| started + self.cfg.interval.max(PREPARE_WAIT_MIN));
+        let mut ready: Vec<(usize, Ready)> = Vec::new();
         let mut troubles: Vec<(usize, CycleError)> = Vec::new();
-        for i in 0..self.standbys.len() {
-            match self.standby_filter(i, feed, &mut report).await {
-                Ok(Ready::Filter(filter)) => ready.push((i, filter)),
+        for (i, finished) in self.gather(tasks, wait).await {
+            let Finished::Prepared(done) = finished else {
+                continue;
+            };
+            match self.take_back(i, done, &mut report) {
                 Ok(Ready::Pass) => {}
+                Ok(r) => ready.push((i, r)),
                 Err(CycleError::Cancelled) => return Err(CycleError::Cancelled),
                 Err(e @ CycleError::Disabled { .. }) => return Err(e),
                 Err(e) => troubles.push((i, e)),
             }
         }
         if ready.is_empty() {
-            if report.interrupted() {
+            if report.interrupted() || self.standbys.iter().any(Slot::busy) {
+                // A standby still at work is no fault of the cycle.
+                for (i, e) in troubles {
+                    self.standby_trouble(i, &e);
+                }
                 return Ok(self.finish(report, started));
             }
             // Nothing to warm: the first standby's trouble is the cycle's, and the loop backs
             // off as a whole (the standbys' own backoffs start afresh).
-            for standby in &mut self.standbys {
-                if standby.node.is_none() {
-                    standby.retry_at = None;
+            for slot in &mut self.standbys {
+                if let Some(standby) = slot.standby.as_mut() {
+                    if standby.node.is_none() {
+                        standby.retry_at = None;
+                    }
                 }
             }
             let mut troubles = troubles;
@@ -1104,8 +999,8 @@ impl Syncer {
             Err(error) => debug!(%error, "reading the logical WAL cache status failed"),
         }
 
-        // (3), (4) Standby after standby, in the warming order.
-        let warmed: Vec<_> = if feed {
+        // (3), (4) Every standby its batches, each in its task; with the colder feed, (5) too.
+        let warm: Vec<(usize, Option<Vec<u8>>)> = if feed {
             ready.iter().map(|(i, _)| (*i, None)).collect()
         } else {
             ready
@@ -1114,14 +1009,115 @@ impl Syncer {
                 .map(|((i, _), list)| (*i, Some(list)))
                 .collect()
         };
-        for (i, list) in warmed {
-            let i = &i;
-            let result = match list {
-                Some(list) => self.warm(*i, &list, progress, &mut report).await,
-                None => self.warm_feed(*i, progress, &mut report).await,
+        let tasks = self.spawn(Some(warm), &shared, feed);
+        let wait = (!self.patient)
+            .then(|| (started + self.cfg.interval).max(Instant::now() + self.cfg.interval / 2));
+        let mut warmed = Vec::new();
+        for (i, finished) in self.gather(tasks, wait).await {
+            let Finished::Warmed(done) = finished else {
+                continue;
             };
-            match result {
-                Ok(()) => self.standby_fine(*i),
+            match self.take_back(i, done, &mut report) {
+                Ok(()) => {
+                    self.standby(i).fine();
+                    warmed.push(i);
+                }
+                Err(
+                    e @ (CycleError::Cancelled
+                    | CycleError::Decode(_)
+                    | CycleError::Disabled { .. }),
+                ) => return Err(e),
+                Err(e) => self.standby_trouble(i, &e),
+            }
+        }
+        // (5) Room left, without the colder feed: colder blocks from a scan of the primary
+        // for the standbys that loaded their hot blocks, in what is left of the interval, so
+        // that the next cycle's hot blocks never wait for them.
+        if self.cfg.fill_room && !shared.colder_feed {
+            self.fill_with_filters(&shared, &ready, &warmed, feed, &mut report)
+                .await?;
+        }
+        self.metrics
+            .hot_set_blocks
+            .set(saturating_i64(report.hot_buffers));
+        // The least covered standby, those still at work included (as they last reported).
+        let coverage = self
+            .standbys
+            .iter()
+            .filter(|s| s.busy())
+            .filter_map(|s| s.last.as_ref())
+            .map(StandbyReport::coverage)
+            .fold(report.coverage(), f64::min);
+        self.metrics.coverage_ratio.set(coverage);
+        self.last_hot_set = report.hot_buffers;
+        Ok(self.finish(report, started))
+    }
+
+    /// Step (5) with a standby's filter and a scan of the primary (the filter exchange, or a
+    /// feed without colder blocks), standby after standby: the primary has one session.
+    async fn fill_with_filters(
+        &mut self,
+        shared: &Shared,
+        ready: &[(usize, Ready)],
+        warmed: &[usize],
+        feed: bool,
+        report: &mut CycleReport,
+    ) -> Result<(), CycleError> {
+        for (i, r) in ready {
+            if !warmed.contains(i) {
+                continue;
+            }
+            if Instant::now() >= shared.fill_until {
+                break;
+            }
+            let fetched;
+            let filter = if feed {
+                match self.standby(*i).fill_filter(shared, report).await {
+                    Ok(Some(f)) => {
+                        fetched = f;
+                        &fetched
+                    }
+                    Ok(None) => continue,
+                    Err(e @ (CycleError::Cancelled | CycleError::Disabled { .. })) => {
+                        return Err(e)
+                    }
+                    Err(e) => {
+                        self.standby_trouble(*i, &e);
+                        continue;
+                    }
+                }
+            } else {
+                match r {
+                    Ready::Filter(filter) => filter,
+                    _ => continue,
+                }
+            };
+            let Some(batches) = self.fill_batches(*i, filter, report).await? else {
+                continue;
+            };
+            let loaded = self
+                .standby(*i)
+                .load(
+                    shared,
+                    &batches,
+                    Tier::Fill,
+                    Some(shared.fill_until),
+                    report,
+                )
+                .await;
+            match loaded {
+                Ok(_) => {
+                    // A fill that loaded nothing (its blocks all skipped or cached by then)
+                    // would be asked for again every cycle: wait as after an empty one.
+                    let name = self.standbys[*i].name.clone();
+                    if report
+                        .standbys
+                        .iter()
+                        .any(|r| r.name == name && r.filled == 0)
+                    {
+                        self.standby(*i).fill_idle_until = Some(Instant::now() + FILL_RECHECK);
+                    }
+                }
                 Err(
                     e @ (CycleError::Cancelled
                     | CycleError::Decode(_)
@@ -1130,87 +1126,7 @@ impl Syncer {
                 Err(e) => self.standby_trouble(*i, &e),
             }
         }
-        // (5) Room left: colder blocks for the standbys that loaded their hot blocks, in what
-        // is left of the interval, so that the next cycle's hot blocks never wait for them.
-        let fill_until = started + self.cfg.interval;
-        if self.cfg.fill_room {
-            for (i, filter) in &ready {
-                if Instant::now() >= fill_until {
-                    break;
-                }
-                let from_mirror = feed && self.colder_feed();
-                let batches = if from_mirror {
-                    self.fill_from_mirror(*i, &report)
-                } else {
-                    let fetched;
-                    let filter = if feed {
-                        match self.fill_filter(*i, &report).await {
-                            Ok(Some(f)) => {
-                                fetched = f;
-                                &fetched
-                            }
-                            Ok(None) => continue,
-                            Err(e @ (CycleError::Cancelled | CycleError::Disabled { .. })) => {
-                                return Err(e)
-                            }
-                            Err(e) => {
-                                self.standby_trouble(*i, &e);
-                                continue;
-                            }
-                        }
-                    } else {
-                        filter
-                    };
-                    self.fill_batches(*i, filter, &mut report).await?
-                };
-                let Some(batches) = batches else {
-                    continue;
-                };
-                match self
-                    .load(
-                        *i,
-                        &batches,
-                        Tier::Fill,
-                        Some(fill_until),
-                        progress,
-                        &mut report,
-                    )
-                    .await
-                {
-                    Ok(loaded) => {
-                        if from_mirror {
-                            // Batches the interval left no time for go back to missing.
-                            let name = &self.standbys[*i].name;
-                            self.mirror.unsend(name, &batches[loaded..]);
-                        }
-                        // A fill that loaded nothing (its blocks all skipped or cached by then)
-                        // would be asked for again every cycle: wait as after an empty one.
-                        // (The mirror's fill costs nothing when there is nothing to send.)
-                        let name = &self.standbys[*i].name;
-                        if !from_mirror
-                            && report
-                                .standbys
-                                .iter()
-                                .any(|r| &r.name == name && r.filled == 0)
-                        {
-                            self.standbys[*i].fill_idle_until = Some(Instant::now() + FILL_RECHECK);
-                        }
-                    }
-                    Err(
-                        e @ (CycleError::Cancelled
-                        | CycleError::Decode(_)
-                        | CycleError::Disabled { .. }),
-                    ) => return Err(e),
-                    Err(e) => self.standby_trouble(*i, &e),
-                }
-            }
-        }
-        self.metrics
-            .hot_set_blocks
-            .set(saturating_i64(report.hot_buffers));
-        self.metrics.coverage_ratio.set(report.coverage());
-        self.last_hot_set = report.hot_buffers;
-        Ok(self.finish(report, started))
+        Ok(())
     }
 
     /// Several standbys, each with its own trouble: one error that names them all.
@@ -1253,20 +1169,26 @@ impl Syncer {
     }
 
     /// Step (2): the lists, in the order of `ready`, from one scan when the extension can.
-    async fn hot_lists(&mut self, ready: &[(usize, Vec<u8>)]) -> Result<Vec<Vec<u8>>, CycleError> {
+    async fn hot_lists(&mut self, ready: &[(usize, Ready)]) -> Result<Vec<Vec<u8>>, CycleError> {
         let limits: Vec<i64> = ready
             .iter()
             .map(|(i, _)| {
                 self.standbys[*i]
-                    .node
+                    .standby
                     .as_ref()
-                    .map_or(1, |n| n.facts.shared_buffers.max(1))
+                    .map_or(1, |s| s.buffers())
+            })
+            .collect();
+        let filters: Vec<&[u8]> = ready
+            .iter()
+            .map(|(_, r)| match r {
+                Ready::Filter(f) => f.as_slice(),
+                _ => &[],
             })
             .collect();
         let mut lists = Vec::with_capacity(ready.len());
         if ready.len() > 1 && self.primary().multi_standby() {
-            let filters: Vec<Option<&[u8]>> =
-                ready.iter().map(|(_, f)| Some(f.as_slice())).collect();
+            let filters: Vec<Option<&[u8]>> = filters.iter().map(|f| Some(*f)).collect();
             let result = self.primary().hot_blocks_each(&filters, &limits).await;
             let (in_recovery, each) = self.call(Who::Primary, Stage::HotBlocks, result)?;
             if in_recovery {
@@ -1274,7 +1196,7 @@ impl Syncer {
             }
             lists = each;
         } else {
-            for ((_, filter), limit) in ready.iter().zip(&limits) {
+            for (filter, limit) in filters.iter().zip(&limits) {
                 let result = self.primary().hot_blocks(filter, *limit).await;
                 let (in_recovery, list) = self.call(Who::Primary, Stage::HotBlocks, result)?;
                 if in_recovery {
@@ -1292,7 +1214,7 @@ impl Syncer {
 
     /// Step (2) in feed mode: the primary's change feed, applied to the mirror.
     async fn primary_feed(&mut self, report: &mut CycleReport) -> Result<(), CycleError> {
-        let budget = feed::sweep_budget(self.primary().facts.shared_buffers);
+        let budget = feed::sweep_budget(self.primary().facts().shared_buffers);
         let subscriber = self.subscriber;
         let colder = self.colder_feed();
         let result = self
@@ -1303,13 +1225,24 @@ impl Syncer {
         if in_recovery {
             return Err(self.primary_demoted());
         }
-        self.note_feed_reset("primary", &answer);
-        self.mirror.apply_primary(&answer);
-        self.primary().feed_after = answer.seq;
+        note_feed_reset(&self.metrics, "primary", &answer);
         let names: Vec<String> = self.standbys.iter().map(|s| s.name.clone()).collect();
-        self.mirror.retain_standbys(&names);
+        let hot = {
+            let mut mirror = self.mirror();
+            mirror.apply_primary(&answer);
+            mirror.retain_standbys(&names);
+            mirror.hot_len() as u64
+        };
+        let node = self.primary();
+        node.set_feed_after(answer.seq);
+        let cursor = PrimaryCursor {
+            label: node.label(),
+            system_identifier: node.facts().system_identifier.clone(),
+            seq: answer.seq,
+        };
+        self.primary_cursor = Some(cursor);
         report.buffers_scanned = u64::try_from(answer.visited).unwrap_or(0);
-        report.hot_buffers = self.mirror.hot_len() as u64;
+        report.hot_buffers = hot;
         let bytes = answer_bytes(&answer);
         report.list_bytes += bytes;
         self.metrics
@@ -1318,218 +1251,10 @@ impl Syncer {
         Ok(())
     }
 
-    /// Steps (3) and (4) in feed mode for standby `i`: the hot blocks it lacks, hottest
-    /// first, at most its shared_buffers, loaded in batches. What is sent is confirmed by its
-    /// feed's later sweeps.
-    async fn warm_feed(
-        &mut self,
-        i: usize,
-        progress: Option<&ProgressBar>,
-        report: &mut CycleReport,
-    ) -> Result<(), CycleError> {
-        let room = self.standbys[i]
-            .node
-            .as_ref()
-            .map_or(1, |n| n.facts.shared_buffers.max(1));
-        let name = self.standbys[i].name.clone();
-        let hot = self.mirror.hot_len() as u64;
-        let lacking = self.mirror.lacking(&name) as u64;
-        let unused = self.unused_buffers(i);
-        let list = self.mirror.take_missing(
-            &name,
-            feed::Class::Hot,
-            usize::try_from(room).unwrap_or(usize::MAX),
-        );
-        let sent = list.as_ref().map_or(0, |l| l.len() as u64);
-        report.sent += sent;
-        let standby = StandbyReport {
-            name,
-            hot_buffers: hot,
-            room: u64::try_from(room).unwrap_or(1),
-            sent: lacking,
-            ..Default::default()
-        };
-        self.metrics
-            .standby_scan(&standby.name, standby.hot_buffers, standby.missing());
-        report.standbys.push(standby);
-        let Some(list) = list else { return Ok(()) };
-        if let Some(pb) = progress {
-            pb.inc_length(sent);
-        }
-        let batches = in_load_order(&list, unused, self.cfg.batch_blocks as usize);
-        let loaded = self
-            .load(i, &batches, Tier::Hot, None, progress, report)
-            .await?;
-        // A cycle cut short (replay lag, a recovery conflict) sends the rest next cycle.
-        let name = &self.standbys[i].name;
-        self.mirror.unsend(name, &batches[loaded..]);
-        Ok(())
-    }
-
     /// Whether the primary's feed reports its colder blocks too, so that fill_room fills from
     /// the mirror (extension 0.6.0) instead of a standby filter and a scan of the primary.
     fn colder_feed(&self) -> bool {
-        self.cfg.fill_room && self.primary.as_ref().is_some_and(Node::has_colder_feed)
-    }
-
-    /// fill_room from the mirror (extension 0.6.0), for standby `i` once this cycle loaded
-    /// its whole share of hot blocks: the primary's colder blocks it lacks, hottest first, as
-    /// many as its unused buffers take less a reserve, at most FILL_MAX_BATCHES batches. Its
-    /// unused buffers are counted from its feed (once that has swept all of them since its
-    /// last reset) less the blocks sent and not reported yet. None when there is no room or
-    /// nothing to send; asking costs no call to either node.
-    fn fill_from_mirror(&mut self, i: usize, report: &CycleReport) -> Option<Vec<Vec<u8>>> {
-        if self.standbys[i].retry_at.is_some() || !self.mirror.complete {
-            return None;
-        }
-        let unused = self.unused_buffers(i)?;
-        let name = self.standbys[i].name.clone();
-        report.loaded_whole_share(&name)?;
-        let buffers = self.standby(i).facts.shared_buffers;
-        let room =
-            unused.saturating_sub(u64::try_from(buffers).unwrap_or(0) / FILL_RESERVE_DIVISOR);
-        if room < FILL_MIN_BLOCKS {
-            return None;
-        }
-        let batch = self.cfg.batch_blocks as usize;
-        let take = usize::try_from(room)
-            .unwrap_or(usize::MAX)
-            .min(batch.saturating_mul(FILL_MAX_BATCHES));
-        let list = self.mirror.take_missing(&name, feed::Class::Colder, take)?;
-        debug!(standby = %name, unused, take = list.len(),
-            "filling the standby's unused buffers with colder blocks");
-        // The hottest `take` were chosen; all of them fit in unused buffers.
-        Some(list.split_in_file_order(batch))
-    }
-
-    /// Standby `i`'s unused buffers as far as the agent knows: its shared_buffers less the
-    /// blocks its feed reports and those sent but not reported yet. None until its feed has
-    /// swept all its buffers since its last reset (until then it may hold blocks the feed
-    /// has not reached).
-    fn unused_buffers(&self, i: usize) -> Option<u64> {
-        let standby = &self.standbys[i];
-        let (node, tracked) = (standby.node.as_ref()?, standby.feed_tracked?);
-        if !self.mirror.standby_complete(&standby.name) {
-            return None;
-        }
-        let buffers = u64::try_from(node.facts.shared_buffers).unwrap_or(0);
-        let pending = self.mirror.inflight(&standby.name) as u64;
-        Some(buffers.saturating_sub(tracked.saturating_add(pending)))
-    }
-
-    /// fill_room in feed mode: standby `i`'s filter, asked for only when its feed says it has
-    /// unused buffers beyond the reserve (None otherwise).
-    async fn fill_filter(
-        &mut self,
-        i: usize,
-        report: &CycleReport,
-    ) -> Result<Option<Vec<u8>>, CycleError> {
-        let standby = &self.standbys[i];
-        let (Some(node), Some(tracked)) = (standby.node.as_ref(), standby.feed_tracked) else {
-            return Ok(None);
-        };
-        if standby
-            .fill_idle_until
-            .is_some_and(|at| Instant::now() < at)
-            || standby.retry_at.is_some()
-        {
-            return Ok(None);
-        }
-        let loaded = report
-            .standbys
-            .iter()
-            .find(|r| r.name == standby.name)
-            .map_or(0, |r| r.loaded);
-        let buffers = u64::try_from(node.facts.shared_buffers).unwrap_or(0);
-        if unused_room(buffers, tracked.saturating_add(loaded)) < FILL_MIN_BLOCKS {
-            return Ok(None);
-        }
-        let fpr = self.cfg.false_positive_rate;
-        let result = self.standby(i).buffer_filter(fpr).await;
-        let (in_recovery, filter) = self.call(Who::Standby(i), Stage::Filter, result)?;
-        if !in_recovery {
-            return Err(self.promoted(i));
-        }
-        Ok(Some(filter))
-    }
-
-    /// Steps (3) and (4) for standby `i`: its list decoded and loaded in batches.
-    async fn warm(
-        &mut self,
-        i: usize,
-        list_bytes: &[u8],
-        progress: Option<&ProgressBar>,
-        report: &mut CycleReport,
-    ) -> Result<(), CycleError> {
-        let limit = self.standbys[i]
-            .node
-            .as_ref()
-            .map_or(1, |n| n.facts.shared_buffers.max(1));
-        let list = BlockList::decode_bounded(list_bytes, u64::try_from(limit).unwrap_or(1))
-            .map_err(|e| CycleError::Decode(e.to_string()))?;
-        report.hot_buffers = list.header.hot_buffers_found;
-        report.buffers_scanned = list.header.buffers_scanned;
-        report.list_bytes += list_bytes.len();
-        let sent = list.len() as u64;
-        report.sent += sent;
-        let name = self.standbys[i].name.clone();
-        let standby = StandbyReport {
-            name,
-            hot_buffers: list.header.hot_buffers_found,
-            room: u64::try_from(limit).unwrap_or(1),
-            sent,
-            ..Default::default()
-        };
-        self.metrics
-            .standby_scan(&standby.name, standby.hot_buffers, standby.missing());
-        report.standbys.push(standby);
-        if let Some(pb) = progress {
-            pb.inc_length(sent);
-        }
-        if sent == 0 {
-            return Ok(());
-        }
-        let batches = list.split_hottest_first(self.cfg.batch_blocks as usize);
-        self.load(i, &batches, Tier::Hot, None, progress, report)
-            .await
-            .map(|_| ())
-    }
-
-    /// Step (4): standby `i` reads `batches`, one short ccm_prewarm call each, until a
-    /// recovery conflict or replay lag ends its share of the cycle, or `until` has passed.
-    /// Returns how many batches it sent (the rest were not).
-    async fn load(
-        &mut self,
-        i: usize,
-        batches: &[Vec<u8>],
-        tier: Tier,
-        until: Option<Instant>,
-        progress: Option<&ProgressBar>,
-        report: &mut CycleReport,
-    ) -> Result<usize, CycleError> {
-        let mut called = 0;
-        for batch in batches {
-            if until.is_some_and(|at| Instant::now() >= at) {
-                break;
-            }
-            let blocks = decode_block_list_header(batch)
-                .map(|h| u64::from(h.blocks))
-                .map_err(|e| CycleError::Decode(format!("a batch of it: {e}")))?;
-            report.batches += 1;
-            if tier == Tier::Fill {
-                report.colder_sent += blocks;
-            }
-            let result = self.standby(i).prewarm(batch).await;
-            called += 1;
-            let flow = self.prewarm_outcome(i, blocks, tier, result, report)?;
-            if let Some(pb) = progress {
-                pb.inc(blocks);
-            }
-            if flow == Flow::EndCycle {
-                break;
-            }
-        }
-        Ok(called)
+        self.cfg.fill_room && self.primary.as_ref().is_some_and(|n| n.has_colder_feed())
     }
 
     /// Step (5) for standby `i`, with fill_room: when this cycle loaded its whole list of hot
@@ -1537,17 +1262,18 @@ impl Syncer {
     /// the primary's cached blocks it lacks below the hot set's threshold (usage count from
     /// the threshold down to 1; of the primary's as many hottest blocks as the standby has
     /// buffers), hottest first, as many as its unused buffers take less a reserve, at most
-    /// FILL_MAX_BATCHES batches (fewer if the cycle's interval runs out first). They go only into buffers nobody uses, so nothing the
-    /// standby caches is evicted for them, and they keep their low usage counts, so the
-    /// standby's own reads and replay evict them before any hot block. None when there is
-    /// nothing to fill. A failure of the primary fails the cycle, as in step (2).
+    /// FILL_MAX_BATCHES batches (fewer if the cycle's interval runs out first). They go only
+    /// into buffers nobody uses, so nothing the standby caches is evicted for them, and they
+    /// keep their low usage counts, so the standby's own reads and replay evict them before
+    /// any hot block. None when there is nothing to fill. A failure of the primary fails the
+    /// cycle, as in step (2).
     async fn fill_batches(
         &mut self,
         i: usize,
         filter: &[u8],
         report: &mut CycleReport,
     ) -> Result<Option<Vec<Vec<u8>>>, CycleError> {
-        let standby = &self.standbys[i];
+        let standby = self.standby(i);
         let Some(node) = standby.node.as_ref() else {
             return Ok(None);
         };
@@ -1561,7 +1287,7 @@ impl Syncer {
         if idle || standby.retry_at.is_some() {
             return Ok(None);
         }
-        let buffers = u64::try_from(node.facts.shared_buffers).unwrap_or(0);
+        let buffers = u64::try_from(node.facts().shared_buffers).unwrap_or(0);
         let cached = ccm_codec::FilterView::parse(filter).map_or(buffers, |f| f.item_count());
         let room = unused_room(buffers, cached.saturating_add(loaded));
         if room < FILL_MIN_BLOCKS {
@@ -1576,7 +1302,7 @@ impl Syncer {
         let list = BlockList::decode_bounded(&bytes, u64::try_from(limit).unwrap_or(1))
             .map_err(|e| CycleError::Decode(e.to_string()))?;
         if list.is_empty() {
-            self.standbys[i].fill_idle_until = Some(Instant::now() + FILL_RECHECK);
+            self.standby(i).fill_idle_until = Some(Instant::now() + FILL_RECHECK);
             return Ok(None);
         }
         let batch = self.cfg.batch_blocks as usize;
@@ -1599,140 +1325,6 @@ impl Syncer {
         report
     }
 
-    /// What one prewarm call's answer means for standby `i`'s share of the cycle.
-    fn prewarm_outcome(
-        &mut self,
-        i: usize,
-        blocks: u64,
-        tier: Tier,
-        result: Result<(bool, PrewarmResult), NodeError>,
-        report: &mut CycleReport,
-    ) -> Result<Flow, CycleError> {
-        let error = match result {
-            Ok((true, done)) => {
-                self.account(i, blocks, tier, &done, report);
-                return Ok(self.replay_check(i, done.replay_lag, report));
-            }
-            // Promoted during the call: nothing more goes to this server.
-            Ok((false, _)) => return Err(self.promoted(i)),
-            Err(error) => error,
-        };
-        match error.class() {
-            ErrorClass::NotInRecovery => Err(self.promoted(i)),
-            ErrorClass::RecoveryConflict => {
-                self.recovery_conflict(i, &error, report);
-                Ok(Flow::EndCycle)
-            }
-            ErrorClass::Storage if !self.standby_broken(i, &error) => {
-                let name = self.standbys[i].name.clone();
-                // With its DETAIL, which names the database when a prewarm worker hit it.
-                let message = error.server_message().unwrap_or_else(|| error.to_string());
-                warn!(
-                    standby = %name,
-                    "storage error on the standby {name}: {message}; skipping this batch of \
-                     {blocks} blocks and going on with the next"
-                );
-                self.metrics.prewarm_storage_errors.inc();
-                report.storage_errors += 1;
-                if let Some(r) = report.standby_mut(&name) {
-                    r.storage_errors += 1;
-                }
-                let lost = PrewarmResult {
-                    skipped: blocks,
-                    ..PrewarmResult::default()
-                };
-                self.account(i, blocks, tier, &lost, report);
-                Ok(Flow::Next)
-            }
-            _ => self.call(Who::Standby(i), Stage::Prewarm, Err(error)),
-        }
-    }
-
-    /// After a batch: whether standby `i`'s replay lag leaves room for the next one. Above
-    /// max_replay_lag its share of the cycle ends, so that our reads do not keep a failover
-    /// candidate's replay behind (promotion waits for replay to finish); the next cycle goes
-    /// on where this one stopped, one batch at a time while the lag lasts.
-    fn replay_check(&mut self, i: usize, lag: Option<u64>, report: &mut CycleReport) -> Flow {
-        let max = self.cfg.max_replay_lag;
-        let standby = &mut self.standbys[i];
-        let Some((lag, max)) = lag.zip(max).filter(|(lag, max)| lag > max) else {
-            if std::mem::take(&mut standby.replay_behind) {
-                info!(standby = %standby.name, "replay on the standby {} caught up; warming it again", standby.name);
-            }
-            return Flow::Next;
-        };
-        if !std::mem::replace(&mut standby.replay_behind, true) {
-            info!(
-                standby = %standby.name,
-                replay_lag_bytes = lag,
-                "replay on the standby {} is {} behind what it received (max_replay_lag {}); \
-                 warming it waits for replay, a batch per cycle at most",
-                standby.name,
-                crate::config::format_size(lag),
-                crate::config::format_size(max)
-            );
-        }
-        self.metrics.replay_lag_pauses.inc();
-        report.replay_pauses += 1;
-        if let Some(r) = report.standby_mut(&self.standbys[i].name) {
-            r.replay_paused = true;
-        }
-        Flow::EndCycle
-    }
-
-    /// Counts what a prewarm call on standby `i` did with `blocks` blocks.
-    fn account(
-        &mut self,
-        i: usize,
-        blocks: u64,
-        tier: Tier,
-        done: &PrewarmResult,
-        report: &mut CycleReport,
-    ) {
-        self.metrics.blocks_sent.inc_by(blocks);
-        self.metrics.blocks_loaded.inc_by(done.loaded);
-        if tier == Tier::Fill {
-            self.metrics.fill_blocks_loaded.inc_by(done.loaded);
-        }
-        self.metrics
-            .blocks_already_cached
-            .inc_by(done.already_cached);
-        self.metrics.blocks_skipped.inc_by(done.skipped);
-        self.metrics
-            .standby_loaded(&self.standbys[i].name, done.loaded);
-        report.requested += done.requested;
-        report.loaded += done.loaded;
-        report.already_cached += done.already_cached;
-        report.skipped += done.skipped;
-        if let Some(r) = report.standby_mut(&self.standbys[i].name) {
-            r.loaded += done.loaded;
-            if tier == Tier::Fill {
-                r.filled += done.loaded;
-            }
-        }
-    }
-
-    /// A recovery conflict on standby `i`: logged (one line, with the server's DETAIL),
-    /// counted, its session dropped if the server ended it. Not a fault: that standby's
-    /// share of the cycle just ends.
-    fn recovery_conflict(&mut self, i: usize, error: &NodeError, report: &mut CycleReport) {
-        let name = self.standbys[i].name.clone();
-        let message = error.server_message().unwrap_or_else(|| error.to_string());
-        info!(
-            standby = %name,
-            "recovery conflict on the standby {name}: {message}; ending this cycle for it, \
-             the blocks not loaded follow in the next one"
-        );
-        self.metrics.recovery_conflicts.inc();
-        report.recovery_conflicts += 1;
-        if let Some(r) = report.standby_mut(&name) {
-            r.recovery_conflicts += 1;
-        }
-        if self.standby_broken(i, error) {
-            self.drop_standby(i);
-        }
-    }
-
     fn mark_enabled(&mut self) {
         if self.disabled_logged {
             info!("Cluster Cache Manager is enabled again; syncing");
@@ -1751,41 +1343,6 @@ impl Syncer {
             );
             self.disabled_logged = true;
         }
-    }
-}
-
-/// The addresses a host spec resolves to (none for a Unix socket or a failed lookup).
-async fn addresses(host: &HostSpec) -> Vec<IpAddr> {
-    if let Some(addr) = host.hostaddr {
-        return vec![addr];
-    }
-    let name = host.name();
-    if name.starts_with('/') {
-        return Vec::new();
-    }
-    lookup(&name, host.port).await
-}
-
-async fn lookup(name: &str, port: u16) -> Vec<IpAddr> {
-    if let Ok(addr) = name.parse::<IpAddr>() {
-        return vec![addr];
-    }
-    match tokio::time::timeout(
-        Duration::from_secs(2),
-        tokio::net::lookup_host((name, port)),
-    )
-    .await
-    {
-        Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// Adds what `node`'s session (the node called `name`) carried since the last count to
-/// ccm_agent_bytes_total.
-fn count_node_wire(metrics: &Metrics, name: &str, node: Option<&mut Node>) {
-    if let Some((sent, received)) = node.and_then(Node::wire_bytes) {
-        metrics.wire_bytes(name, sent, received);
     }
 }
 
@@ -1856,7 +1413,7 @@ fn stale_after(cfg: &Config) -> Duration {
     cfg.interval * 3 + cfg.statement_timeout
 }
 
-impl Syncer {
+impl<N: NodeApi> Syncer<N> {
     /// A reloaded configuration: a side whose connection string changed reconnects.
     fn reconfigure(&mut self, cfg: Arc<Config>) {
         let source_changed = cfg.patroni_urls != self.cfg.patroni_urls
@@ -1869,6 +1426,25 @@ impl Syncer {
             // Rebuilt from the new topology next cycle.
             self.standbys.clear();
             self.metrics.set_node_up(Side::Standby, false);
+        }
+        if cfg.statement_timeout != self.cfg.statement_timeout
+            || cfg.connect_timeout != self.cfg.connect_timeout
+        {
+            // Both are set when a session is made (statement_timeout on the server too): new
+            // sessions take them. The feeds' cursors stay, so nothing is swept again.
+            info!("statement_timeout or connect_timeout changed; reconnecting to every node");
+            self.drop_primary();
+            self.drop_standbys();
+        }
+        if cfg.max_backoff != self.cfg.max_backoff {
+            for slot in &mut self.standbys {
+                if let Some(standby) = slot.standby.as_mut() {
+                    standby.set_max_backoff(cfg.max_backoff);
+                }
+            }
+        }
+        if !self.patient {
+            self.feed_wanted = cfg.change_feed;
         }
         self.metrics.set_stale_after(stale_after(&cfg));
         self.cfg = cfg;
@@ -1883,7 +1459,7 @@ pub async fn run(
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut cfg = config.borrow_and_update().clone();
-    let mut syncer = Syncer::new(cfg.clone(), metrics.clone(), cancel.clone());
+    let mut syncer = Syncer::<Node>::new(cfg.clone(), metrics.clone(), cancel.clone());
     metrics.set_stale_after(stale_after(&cfg));
     let mut backoff = Backoff::new(cfg.max_backoff);
     info!(
@@ -1954,6 +1530,7 @@ pub async fn run(
             _ = config.changed() => {}
         }
     }
+    syncer.finish_tasks().await;
     info!("sync loop stopped");
     Ok(())
 }
@@ -2030,15 +1607,6 @@ impl SyncSummary {
     }
 }
 
-/// The lists of a feed answer, in bytes.
-fn answer_bytes(answer: &FeedAnswer) -> usize {
-    let list = |l: &BlockList| 32 + l.len() * 3;
-    list(&answer.added)
-        + list(&answer.removed)
-        + answer.colder_added.as_ref().map_or(0, list)
-        + answer.colder_removed.as_ref().map_or(0, list)
-}
-
 /// Whether `sync --once` should run another cycle after `report`.
 fn another_cycle(report: &CycleReport) -> bool {
     // A recovery conflict cut the cycle short: what it did not send comes next cycle.
@@ -2058,9 +1626,11 @@ pub async fn sync_once(
     progress: &ProgressBar,
 ) -> Result<SyncSummary, CycleError> {
     let interval = cfg.interval;
-    let mut syncer = Syncer::new(cfg, metrics, cancel.clone());
+    let mut syncer = Syncer::<Node>::new(cfg, metrics, cancel.clone());
     // One whole warm-up is the filter exchange's job: no feed state to build first.
     syncer.feed_wanted = false;
+    // And every standby's share of each cycle is waited for.
+    syncer.patient = true;
     let mut summary = SyncSummary::default();
     while summary.cycles < max_cycles {
         progress.set_message(format!("cycle {}", summary.cycles + 1));
@@ -2086,6 +1656,8 @@ pub async fn sync_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::PrewarmResult;
+    use crate::standby::{in_load_order, Flow};
 
     fn report(hot: u64, sent: u64, loaded: u64) -> CycleReport {
         CycleReport {
@@ -2150,7 +1722,7 @@ mod tests {
         })
         .unwrap();
         let metrics = Arc::new(Metrics::new());
-        let mut syncer = Syncer::new(
+        let mut syncer: Syncer = Syncer::new(
             Arc::new(cfg.clone()),
             metrics.clone(),
             CancellationToken::new(),
@@ -2158,9 +1730,17 @@ mod tests {
         for target in topology::from_conninfo(&cfg).targets {
             syncer
                 .standbys
-                .push(Standby::new(target, Duration::from_secs(1)));
+                .push(Slot::new(target, Duration::from_secs(1)));
         }
         (syncer, metrics)
+    }
+
+    /// The test syncer's standby, on its own, and what its tasks would share.
+    fn fixture() -> (Box<Standby>, Shared, Arc<Metrics>) {
+        let (mut syncer, metrics) = syncer();
+        let standby = syncer.standbys[0].standby.take().unwrap();
+        let shared = syncer.shared(None, Instant::now());
+        (standby, shared, metrics)
     }
 
     fn metric(metrics: &Metrics, name: &str) -> f64 {
@@ -2176,15 +1756,15 @@ mod tests {
 
     #[test]
     fn a_prewarm_reporting_no_recovery_is_a_role_change() {
-        let (mut syncer, metrics) = syncer();
+        let (mut standby, shared, metrics) = fixture();
         let mut report = CycleReport::default();
         let done = PrewarmResult {
             requested: 10,
             loaded: 10,
             ..Default::default()
         };
-        let err = syncer
-            .prewarm_outcome(0, 10, Tier::Hot, Ok((false, done)), &mut report)
+        let err = standby
+            .prewarm_outcome(&shared, 10, Tier::Hot, Ok((false, done)), &mut report)
             .unwrap_err();
         match &err {
             CycleError::RoleChanged { side, message } => {
@@ -2197,7 +1777,7 @@ mod tests {
         // Nothing from a promoted node is counted as loaded.
         assert_eq!(report.loaded, 0);
         assert_eq!(metric(&metrics, "ccm_agent_blocks_loaded_total"), 0.0);
-        assert!(syncer.standbys[0].node.is_none());
+        assert!(standby.node.is_none());
     }
 
     /// A cycle's report with the test syncer's standby in it, as `warm` leaves it.
@@ -2212,7 +1792,7 @@ mod tests {
 
     #[test]
     fn a_prewarm_in_recovery_is_counted() {
-        let (mut syncer, metrics) = syncer();
+        let (mut standby, shared, metrics) = fixture();
         let mut report = report_of_the_standby();
         let done = PrewarmResult {
             requested: 10,
@@ -2221,8 +1801,8 @@ mod tests {
             skipped: 1,
             replay_lag: Some(0),
         };
-        let flow = syncer
-            .prewarm_outcome(0, 10, Tier::Hot, Ok((true, done)), &mut report)
+        let flow = standby
+            .prewarm_outcome(&shared, 10, Tier::Hot, Ok((true, done)), &mut report)
             .unwrap();
         assert_eq!(flow, Flow::Next);
         assert_eq!(
@@ -2248,9 +1828,9 @@ mod tests {
 
     #[test]
     fn replay_lag_above_the_maximum_ends_the_standbys_share_of_the_cycle() {
-        let (mut syncer, metrics) = syncer();
+        let (mut standby, shared, metrics) = fixture();
         assert_eq!(
-            syncer.cfg.max_replay_lag,
+            shared.cfg.max_replay_lag,
             Some(16 << 20),
             "the default, 16MB"
         );
@@ -2262,8 +1842,8 @@ mod tests {
             ..Default::default()
         };
         let mut outcome = |lag, report: &mut CycleReport| {
-            syncer
-                .prewarm_outcome(0, 4, Tier::Hot, Ok((true, batch(lag))), report)
+            standby
+                .prewarm_outcome(&shared, 4, Tier::Hot, Ok((true, batch(lag))), report)
                 .unwrap()
         };
         assert_eq!(
@@ -2288,7 +1868,7 @@ mod tests {
 
     #[test]
     fn colder_blocks_count_as_loaded_and_as_filled() {
-        let (mut syncer, metrics) = syncer();
+        let (mut standby, shared, metrics) = fixture();
         let mut report = report_of_the_standby();
         let hot = PrewarmResult {
             requested: 4,
@@ -2301,11 +1881,11 @@ mod tests {
             already_cached: 3,
             ..Default::default()
         };
-        syncer
-            .prewarm_outcome(0, 4, Tier::Hot, Ok((true, hot)), &mut report)
+        standby
+            .prewarm_outcome(&shared, 4, Tier::Hot, Ok((true, hot)), &mut report)
             .unwrap();
-        syncer
-            .prewarm_outcome(0, 10, Tier::Fill, Ok((true, cold)), &mut report)
+        standby
+            .prewarm_outcome(&shared, 10, Tier::Fill, Ok((true, cold)), &mut report)
             .unwrap();
         assert_eq!(
             (report.standbys[0].loaded, report.standbys[0].filled),
@@ -2317,15 +1897,21 @@ mod tests {
 
     #[test]
     fn shutdown_and_disabled_pass_through() {
-        let (mut syncer, _) = syncer();
+        let (mut standby, shared, _) = fixture();
         let mut report = CycleReport::default();
         assert!(matches!(
-            syncer.prewarm_outcome(0, 1, Tier::Hot, Err(NodeError::Cancelled), &mut report),
+            standby.prewarm_outcome(
+                &shared,
+                1,
+                Tier::Hot,
+                Err(NodeError::Cancelled),
+                &mut report
+            ),
             Err(CycleError::Cancelled)
         ));
         assert!(matches!(
-            syncer.prewarm_outcome(
-                0,
+            standby.prewarm_outcome(
+                &shared,
                 1,
                 Tier::Hot,
                 Err(NodeError::Disabled { host: "h".into() }),

@@ -1,0 +1,265 @@
+//! The sync cycle against in-memory nodes (fake.rs): what one standby's trouble does to the
+//! others and to the next cycles. The same cycle code runs as in the agent; only the node
+//! behind `NodeApi` is fake. Real servers are the integration tests' business.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, RawConfig};
+use crate::fake::{self, FakeNode, Server};
+use crate::metrics::Metrics;
+use crate::sync::{CycleReport, Syncer};
+
+type Node = Arc<std::sync::Mutex<Server>>;
+
+/// Hot blocks 0..HOT on the primary.
+const HOT: u32 = 200;
+
+struct Cluster {
+    syncer: Syncer<FakeNode>,
+    metrics: Arc<Metrics>,
+    primary: Node,
+    standbys: Vec<Node>,
+    ports: Vec<u16>,
+}
+
+/// A primary at port `base` with HOT hot blocks and `n` standbys at the next ports,
+/// following it; the agent warms them in batches of 20 blocks.
+fn cluster(base: u16, n: u16) -> Cluster {
+    let primary = fake::server(
+        base,
+        Server {
+            system_identifier: "7".into(),
+            shared_buffers: 1000,
+            timeline: 1,
+            hot: (0..HOT).map(|b| (b, 5)).collect(),
+            ..Default::default()
+        },
+    );
+    let ports: Vec<u16> = (1..=n).map(|i| base + i).collect();
+    let standbys = ports
+        .iter()
+        .map(|&port| {
+            fake::server(
+                port,
+                Server {
+                    in_recovery: true,
+                    system_identifier: "7".into(),
+                    shared_buffers: 1000,
+                    timeline: 1,
+                    sender: Some(("127.0.0.1".into(), base)),
+                    ..Default::default()
+                },
+            )
+        })
+        .collect();
+    let hosts = vec!["127.0.0.1"; ports.len()].join(",");
+    let port_list = ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    // The primary string lists the standbys too, so that a promoted one is found.
+    let cfg = Config::validate(RawConfig {
+        primary: Some(format!(
+            "host=127.0.0.1,{hosts} port={base},{port_list} user=u dbname=postgres"
+        )),
+        standby: Some(format!(
+            "host={hosts} port={port_list} user=u dbname=postgres"
+        )),
+        interval: Some("200ms".into()),
+        batch_blocks: Some(20),
+        // A silent node's call ends after 1 s + 2 s (node.rs's call deadline).
+        statement_timeout: Some("1s".into()),
+        connect_timeout: Some("1s".into()),
+        max_backoff: Some("1s".into()),
+        ..Default::default()
+    })
+    .expect("a valid test configuration");
+    let metrics = Arc::new(Metrics::new());
+    let syncer = Syncer::new(Arc::new(cfg), metrics.clone(), CancellationToken::new());
+    Cluster {
+        syncer,
+        metrics,
+        primary,
+        standbys,
+        ports,
+    }
+}
+
+impl Cluster {
+    async fn cycle(&mut self) -> (CycleReport, Duration) {
+        let started = Instant::now();
+        let report = self.syncer.cycle(None).await.expect("a cycle");
+        (report, started.elapsed())
+    }
+
+    /// Cycles every interval until every standby of `which` caches the primary's whole hot
+    /// set; returns how many cycles that took (at most 10 s of them).
+    async fn warm(&mut self, which: &[usize]) -> u32 {
+        let started = Instant::now();
+        let mut cycles = 0;
+        while started.elapsed() < Duration::from_secs(10) {
+            cycles += 1;
+            let _ = self.syncer.cycle(None).await;
+            if which.iter().all(|&i| self.holds_hot_set(i)) {
+                return cycles;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("standbys {which:?} not warm after {cycles} cycles");
+    }
+
+    fn holds_hot_set(&self, i: usize) -> bool {
+        let hot: Vec<u32> = fake::lock(&self.primary).hot.keys().copied().collect();
+        let standby = fake::lock(&self.standbys[i]);
+        hot.iter().all(|b| standby.cached.contains(b))
+    }
+
+    fn up(&self, i: usize) -> f64 {
+        let name = format!(
+            "ccm_agent_standby_up{{node=\"127.0.0.1:{}\"}}",
+            self.ports[i]
+        );
+        self.metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&name)?.trim().parse().ok())
+            .unwrap_or(-1.0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_standby_holds_up_no_other() {
+    let mut c = cluster(41000, 3);
+    c.warm(&[0, 1, 2]).await;
+    fake::lock(&c.standbys[1]).silent = true;
+
+    // The cycle in which it goes silent waits for its answer at most a second.
+    let (_, first) = c.cycle().await;
+    assert!(
+        first < Duration::from_millis(1500),
+        "first cycle took {first:?}"
+    );
+    // Then the others' cycles take no time at all, and a new hot block reaches them.
+    fake::lock(&c.primary).hot.insert(HOT + 1, 5);
+    let (report, next) = c.cycle().await;
+    assert!(
+        next < Duration::from_millis(300),
+        "next cycle took {next:?}"
+    );
+    assert_eq!(
+        report.standbys.len(),
+        2,
+        "the two healthy standbys: {report:?}"
+    );
+    for i in [0, 2] {
+        assert!(
+            fake::lock(&c.standbys[i]).cached.contains(&(HOT + 1)),
+            "standby {i}"
+        );
+    }
+    assert!(!fake::lock(&c.standbys[1]).cached.contains(&(HOT + 1)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_silent_for_long_is_shown_down_and_comes_back() {
+    let mut c = cluster(41010, 2);
+    c.warm(&[0, 1]).await;
+    assert_eq!(c.up(1), 1.0);
+    fake::lock(&c.standbys[1]).silent = true;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(5600) {
+        c.cycle().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(c.up(1), 0.0, "silent for over 5 s");
+    assert_eq!(c.up(0), 1.0);
+    // Its task ended at its call's deadline; once it answers, a new session finds it.
+    fake::lock(&c.standbys[1]).silent = false;
+    fake::lock(&c.primary).hot.insert(HOT + 2, 5);
+    c.warm(&[0, 1]).await;
+    assert_eq!(c.up(1), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_standby_holds_back_no_other() {
+    let mut c = cluster(41020, 2);
+    // The first standby reads slowly: 10 batches of 300 ms.
+    fake::lock(&c.standbys[0]).batch_delay = Duration::from_millis(300);
+    let (_, took) = c.cycle().await;
+    assert!(
+        took < Duration::from_millis(1500),
+        "the cycle took {took:?}"
+    );
+    assert!(
+        c.holds_hot_set(1),
+        "the second standby is warm after one cycle"
+    );
+    assert!(!c.holds_hot_set(0));
+    // The first one gets there in its own time.
+    let cycles = c.warm(&[0, 1]).await;
+    assert!(cycles > 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_mid_warm_ends_that_standby_only() {
+    let mut c = cluster(41030, 2);
+    fake::lock(&c.standbys[0]).promote_after = Some(2);
+    let (report, _) = c.cycle().await;
+    let standby = fake::lock(&c.standbys[0]);
+    assert!(!standby.in_recovery);
+    assert_eq!(
+        standby.batches, 2,
+        "nothing after the batch that saw the promotion"
+    );
+    drop(standby);
+    assert!(c.holds_hot_set(1), "{report:?}");
+    assert_eq!(c.up(0), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_conflict_ends_the_standbys_share_and_the_rest_comes_next_cycle() {
+    let mut c = cluster(41040, 1);
+    fake::lock(&c.standbys[0]).conflict_next = true;
+    let (report, _) = c.cycle().await;
+    assert_eq!(report.recovery_conflicts, 1);
+    assert!(report.interrupted());
+    assert_eq!(report.loaded, 0, "the conflict came on the first batch");
+    // The cancelled batch goes out again with the rest, in the next cycle (not after the
+    // feed's two sweeps that a batch sent and never confirmed waits for).
+    let cycles = c.warm(&[0]).await;
+    assert_eq!(cycles, 1, "the rest came in the next cycle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_change_feeds_go_on_across_a_reconnect_and_start_over_after_a_failover() {
+    let mut c = cluster(41050, 2);
+    c.warm(&[0, 1]).await;
+    let resets = |n: &Node| fake::lock(n).resets;
+    assert_eq!((resets(&c.primary), resets(&c.standbys[0])), (1, 1));
+    // Every session closed (the nodes' network restarted, say): the same nodes go on.
+    for node in [&c.primary, &c.standbys[0], &c.standbys[1]] {
+        fake::lock(node).generation += 1;
+    }
+    c.warm(&[0, 1]).await;
+    fake::lock(&c.primary).hot.insert(HOT + 3, 5);
+    c.warm(&[0, 1]).await;
+    assert_eq!(fake::lock(&c.primary).connections, 2);
+    assert_eq!(fake::lock(&c.standbys[0]).connections, 2);
+    assert_eq!((resets(&c.primary), resets(&c.standbys[0])), (1, 1));
+    // The first standby is promoted and the old primary is gone: its feed as a primary
+    // starts over, whatever the cursor of its feed as a standby was.
+    fake::lock(&c.primary).refuse = true;
+    fake::lock(&c.primary).generation += 1;
+    {
+        let mut s = fake::lock(&c.standbys[0]);
+        s.in_recovery = false;
+        s.hot = (0..HOT).map(|b| (b, 5)).collect();
+    }
+    let _ = c.syncer.cycle(None).await;
+    let _ = c.syncer.cycle(None).await;
+    assert_eq!(resets(&c.standbys[0]), 2);
+}

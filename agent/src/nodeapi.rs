@@ -1,0 +1,212 @@
+//! What the sync cycle asks of a node, as a trait: a real session (node.rs) in the agent, an
+//! in-memory node (fake.rs) in the cycle's unit tests.
+//!
+//! The cycle's orchestration (which standby is served when, what a promotion, a recovery
+//! conflict, a silent node or a feed reset does to the rest of the cycle) is where its bugs
+//! would be, and without this trait only the integration tests reached it. The trait holds
+//! exactly the calls sync.rs and standby.rs make; node.rs keeps the SQL, the deadlines and
+//! the error classes.
+
+use std::future::Future;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::conninfo::{ConnInfo, HostSpec};
+use crate::feed::FeedAnswer;
+use crate::node::{
+    self, ConnectOptions, Node, NodeError, NodeFacts, PrewarmResult, Side, WalCacheStatus,
+    WalSource,
+};
+
+/// A session on one node, as the cycle uses it.
+pub trait NodeApi: Send + Sized + 'static {
+    /// Connects to the hosts of `info` in order and returns the first whose role fits `side`
+    /// and that has the extension.
+    fn resolve(
+        info: &ConnInfo,
+        side: Side,
+        options: ConnectOptions,
+        cancel: &CancellationToken,
+    ) -> impl Future<Output = Result<Self, NodeError>> + Send;
+
+    /// Connects to one host, whatever its role.
+    fn connect(
+        info: &ConnInfo,
+        host: &HostSpec,
+        side: Side,
+        options: ConnectOptions,
+        cancel: &CancellationToken,
+    ) -> impl Future<Output = Result<Self, NodeError>> + Send;
+
+    fn facts(&self) -> &NodeFacts;
+    fn host(&self) -> &HostSpec;
+    fn label(&self) -> String;
+    fn is_closed(&self) -> bool;
+    /// Sets the change feed's cursor: the seq of the last answer applied (0: none).
+    fn set_feed_after(&mut self, seq: i64);
+    /// Bytes the session sent and received since the last call.
+    fn wire_bytes(&mut self) -> Option<(u64, u64)>;
+    fn require_extension(&self) -> Result<(), NodeError>;
+    fn catalog_behind(&self) -> Option<String>;
+    fn multi_standby(&self) -> bool;
+    fn has_change_feed(&self) -> bool;
+    fn has_colder_feed(&self) -> bool;
+
+    fn wal_source(&mut self) -> impl Future<Output = Result<Option<WalSource>, NodeError>> + Send;
+    fn buffer_filter(
+        &mut self,
+        false_positive_rate: f64,
+    ) -> impl Future<Output = Result<(bool, Vec<u8>), NodeError>> + Send;
+    fn buffer_changes(
+        &mut self,
+        subscriber: i64,
+        usage_threshold: Option<i32>,
+        max_buffers: i64,
+        colder: bool,
+    ) -> impl Future<Output = Result<(bool, FeedAnswer), NodeError>> + Send;
+    fn prewarm(
+        &mut self,
+        list: &[u8],
+    ) -> impl Future<Output = Result<(bool, PrewarmResult), NodeError>> + Send;
+    fn hot_blocks(
+        &mut self,
+        filter: &[u8],
+        max_blocks: i64,
+    ) -> impl Future<Output = Result<(bool, Vec<u8>), NodeError>> + Send;
+    fn hot_blocks_each(
+        &mut self,
+        filters: &[Option<&[u8]>],
+        max_blocks: &[i64],
+    ) -> impl Future<Output = Result<(bool, Vec<Vec<u8>>), NodeError>> + Send;
+    fn cached_blocks(
+        &mut self,
+        filter: &[u8],
+        max_blocks: i64,
+    ) -> impl Future<Output = Result<(bool, Vec<u8>), NodeError>> + Send;
+    fn wal_cache(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<WalCacheStatus>, NodeError>> + Send;
+}
+
+impl NodeApi for Node {
+    fn resolve(
+        info: &ConnInfo,
+        side: Side,
+        options: ConnectOptions,
+        cancel: &CancellationToken,
+    ) -> impl Future<Output = Result<Self, NodeError>> + Send {
+        node::resolve(info, side, options, cancel, true)
+    }
+
+    fn connect(
+        info: &ConnInfo,
+        host: &HostSpec,
+        side: Side,
+        options: ConnectOptions,
+        cancel: &CancellationToken,
+    ) -> impl Future<Output = Result<Self, NodeError>> + Send {
+        Node::connect(info, host, side, options, cancel)
+    }
+
+    fn facts(&self) -> &NodeFacts {
+        &self.facts
+    }
+
+    fn host(&self) -> &HostSpec {
+        &self.host
+    }
+
+    fn label(&self) -> String {
+        Node::label(self)
+    }
+
+    fn is_closed(&self) -> bool {
+        Node::is_closed(self)
+    }
+
+    fn set_feed_after(&mut self, seq: i64) {
+        self.feed_after = seq;
+    }
+
+    fn wire_bytes(&mut self) -> Option<(u64, u64)> {
+        Node::wire_bytes(self)
+    }
+
+    fn require_extension(&self) -> Result<(), NodeError> {
+        Node::require_extension(self)
+    }
+
+    fn catalog_behind(&self) -> Option<String> {
+        Node::catalog_behind(self)
+    }
+
+    fn multi_standby(&self) -> bool {
+        Node::multi_standby(self)
+    }
+
+    fn has_change_feed(&self) -> bool {
+        Node::has_change_feed(self)
+    }
+
+    fn has_colder_feed(&self) -> bool {
+        Node::has_colder_feed(self)
+    }
+
+    fn wal_source(&mut self) -> impl Future<Output = Result<Option<WalSource>, NodeError>> + Send {
+        Node::wal_source(self)
+    }
+
+    fn buffer_filter(
+        &mut self,
+        false_positive_rate: f64,
+    ) -> impl Future<Output = Result<(bool, Vec<u8>), NodeError>> + Send {
+        Node::buffer_filter(self, false_positive_rate)
+    }
+
+    fn buffer_changes(
+        &mut self,
+        subscriber: i64,
+        usage_threshold: Option<i32>,
+        max_buffers: i64,
+        colder: bool,
+    ) -> impl Future<Output = Result<(bool, FeedAnswer), NodeError>> + Send {
+        Node::buffer_changes(self, subscriber, usage_threshold, max_buffers, colder)
+    }
+
+    fn prewarm(
+        &mut self,
+        list: &[u8],
+    ) -> impl Future<Output = Result<(bool, PrewarmResult), NodeError>> + Send {
+        Node::prewarm(self, list)
+    }
+
+    fn hot_blocks(
+        &mut self,
+        filter: &[u8],
+        max_blocks: i64,
+    ) -> impl Future<Output = Result<(bool, Vec<u8>), NodeError>> + Send {
+        Node::hot_blocks(self, filter, max_blocks)
+    }
+
+    fn hot_blocks_each(
+        &mut self,
+        filters: &[Option<&[u8]>],
+        max_blocks: &[i64],
+    ) -> impl Future<Output = Result<(bool, Vec<Vec<u8>>), NodeError>> + Send {
+        Node::hot_blocks_each(self, filters, max_blocks)
+    }
+
+    fn cached_blocks(
+        &mut self,
+        filter: &[u8],
+        max_blocks: i64,
+    ) -> impl Future<Output = Result<(bool, Vec<u8>), NodeError>> + Send {
+        Node::cached_blocks(self, filter, max_blocks)
+    }
+
+    fn wal_cache(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<WalCacheStatus>, NodeError>> + Send {
+        Node::wal_cache(self)
+    }
+}
