@@ -1,13 +1,17 @@
 //! Patroni REST API client: who leads the cluster, and who may lead it next.
 //!
-//! `fetch_cluster` asks the first Patroni member that answers (`--patroni URL[,URL…]`, tried in
-//! order) for `GET {url}/cluster` and `parse_cluster` turns the document into a `Cluster`. The
-//! document is `patroni.utils.cluster_as_json` (Patroni 3.x and 4.x): `members[]` with `name`,
-//! `role` (`leader`, `standby_leader`, `sync_standby`, `quorum_standby`, `replica`), `state`,
-//! `api_url`, `host`/`port` (PostgreSQL's `connect_address`), `timeline`, `lag` (bytes behind
-//! the leader, or the string `"unknown"`) and `tags`. Patroni publishes the boolean tags only
-//! when they are set, so a `failover_priority` of 0 or less means "never leader" just as
-//! `nofailover` does (Patroni 4's rule for an absent `nofailover`).
+//! `Client::fetch_cluster` asks the first Patroni member that answers (`--patroni URL[,URL…]`)
+//! for `GET {url}/cluster` and `parse_cluster` turns the document into a `Cluster`. The client
+//! remembers the URL that answered last and asks it first next time, then the others in their
+//! order: a dead first URL costs its timeout once, not every cycle (topology.rs keeps one
+//! client for the process).
+//!
+//! The document is `patroni.utils.cluster_as_json` (Patroni 3.x and 4.x): `members[]` with
+//! `name`, `role` (`leader`, `standby_leader`, `sync_standby`, `quorum_standby`, `replica`),
+//! `state`, `api_url`, `host`/`port` (PostgreSQL's `connect_address`), `timeline`, `lag`
+//! (bytes behind the leader, or the string `"unknown"`) and `tags`. Patroni publishes the
+//! boolean tags only when they are set, so a `failover_priority` of 0 or less means "never
+//! leader" just as `nofailover` does (Patroni 4's rule for an absent `nofailover`).
 //!
 //! The client is HTTP/1.1 over hyper's connection API on a tokio `TcpStream`, or for `https`
 //! on the agent's own TLS code (tls.rs, as for `sslmode=verify-full`): the REST API's
@@ -24,6 +28,7 @@
 use std::fmt::{self, Write as _};
 use std::io;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -287,29 +292,87 @@ pub fn validate_url(url: &str) -> Result<(), PatroniError> {
         })
 }
 
-/// Ask the URLs in order for `/cluster`; the first 200 with a valid document wins. Each URL gets
-/// `timeout` in all; the failures of every URL make up the error when none answers.
-pub async fn fetch_cluster(
-    urls: &[String],
-    tls: &ClientTls,
-    timeout: Duration,
-    cancel: &CancellationToken,
-) -> Result<Cluster, PatroniError> {
-    fetch_cluster_limited(urls, tls, timeout, cancel, MAX_BODY).await
+/// A Patroni client that remembers which URL answered last (one per process: topology.rs).
+///
+/// Patroni's members all serve the same `/cluster`, so any one that answers will do; asking
+/// the one that answered last first means a member that is down (the first URL, say) is not
+/// waited on every cycle, only when the one that answered stops answering.
+#[derive(Debug, Default)]
+pub struct Client {
+    /// The URL, as configured, that answered last; None before any answer.
+    last_answered: Mutex<Option<String>>,
 }
 
-async fn fetch_cluster_limited(
-    urls: &[String],
+impl Client {
+    pub const fn new() -> Self {
+        Client {
+            last_answered: Mutex::new(None),
+        }
+    }
+
+    /// Asks the URL that answered last, then the others in order, for `/cluster` (see
+    /// `fetch_in_order`); the one that answers is asked first next time.
+    pub async fn fetch_cluster(
+        &self,
+        urls: &[String],
+        tls: &ClientTls,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<Cluster, PatroniError> {
+        self.fetch_cluster_limited(urls, tls, timeout, cancel, MAX_BODY)
+            .await
+    }
+
+    async fn fetch_cluster_limited(
+        &self,
+        urls: &[String],
+        tls: &ClientTls,
+        timeout: Duration,
+        cancel: &CancellationToken,
+        limit: usize,
+    ) -> Result<Cluster, PatroniError> {
+        let last = self.lock().clone();
+        let order = last_first(urls, last.as_deref());
+        let (answered, cluster) = fetch_in_order(&order, tls, timeout, cancel, limit).await?;
+        if last.as_deref() != Some(answered.as_str()) {
+            debug!(url = %mask_url(&answered), "asking this Patroni REST API first from now on");
+            *self.lock() = Some(answered);
+        }
+        Ok(cluster)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        // A poisoned lock still holds a URL, or None: either is a fine first guess.
+        self.last_answered.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// `urls` with `first` (if it is one of them) moved to the front, the others in their order.
+fn last_first<'a>(urls: &'a [String], first: Option<&str>) -> Vec<&'a String> {
+    let lead = first.and_then(|first| urls.iter().position(|url| url == first));
+    let rest = urls
+        .iter()
+        .enumerate()
+        .filter(move |(i, _)| Some(*i) != lead)
+        .map(|(_, url)| url);
+    lead.map(|i| &urls[i]).into_iter().chain(rest).collect()
+}
+
+/// Asks the URLs in the order given for `/cluster`; the first 200 with a valid document wins,
+/// and the URL that answered comes with it. Each URL gets `timeout` in all; the failures of
+/// every URL, in the order tried, make up the error when none answers.
+async fn fetch_in_order(
+    urls: &[&String],
     tls: &ClientTls,
     timeout: Duration,
     cancel: &CancellationToken,
     limit: usize,
-) -> Result<Cluster, PatroniError> {
+) -> Result<(String, Cluster), PatroniError> {
     if urls.is_empty() {
         return Err(PatroniError::NoUrls);
     }
     let mut failures = Vec::with_capacity(urls.len());
-    for url in urls {
+    for &url in urls {
         if cancel.is_cancelled() {
             return Err(PatroniError::Cancelled);
         }
@@ -319,7 +382,7 @@ async fn fetch_cluster_limited(
             outcome = try_url(url, tls, timeout, limit) => outcome,
         };
         match outcome {
-            Ok(cluster) => return Ok(cluster),
+            Ok(cluster) => return Ok((url.clone(), cluster)),
             Err(failure) => {
                 debug!(%failure, "Patroni REST API did not answer");
                 failures.push(failure);
@@ -1204,6 +1267,124 @@ mod tests {
         certfile: None,
         keyfile: None,
     };
+
+    /// One call of a new client: the URLs in their order.
+    async fn fetch_cluster(
+        urls: &[String],
+        tls: &ClientTls,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<Cluster, PatroniError> {
+        Client::new()
+            .fetch_cluster(urls, tls, timeout, cancel)
+            .await
+    }
+
+    async fn fetch_cluster_limited(
+        urls: &[String],
+        tls: &ClientTls,
+        timeout: Duration,
+        cancel: &CancellationToken,
+        limit: usize,
+    ) -> Result<Cluster, PatroniError> {
+        Client::new()
+            .fetch_cluster_limited(urls, tls, timeout, cancel, limit)
+            .await
+    }
+
+    /// Requests a `serve` server has received so far.
+    fn requests(heads: &mut mpsc::UnboundedReceiver<String>) -> usize {
+        std::iter::from_fn(|| heads.try_recv().ok()).count()
+    }
+
+    #[tokio::test]
+    async fn a_dead_first_url_is_waited_on_once_not_on_every_call() {
+        // Accepts the connection and never answers: each try of it costs the whole timeout.
+        let (silent, mut silent_heads) = serve(vec![None]).await;
+        let (good, mut good_heads) = serve(vec![http_response("200 OK", PATRONI_4)]).await;
+        let urls = vec![silent.clone(), good.clone()];
+        let timeout = Duration::from_millis(300);
+        let (client, cancel) = (Client::new(), CancellationToken::new());
+
+        let started = std::time::Instant::now();
+        let cluster = client
+            .fetch_cluster(&urls, &NO_TLS, timeout, &cancel)
+            .await
+            .unwrap();
+        assert_eq!(cluster.source, good);
+        assert!(
+            started.elapsed() >= timeout,
+            "the first call waits on the dead URL"
+        );
+        assert_eq!(
+            (requests(&mut silent_heads), requests(&mut good_heads)),
+            (1, 1)
+        );
+
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let cluster = client
+                .fetch_cluster(&urls, &NO_TLS, timeout, &cancel)
+                .await
+                .unwrap();
+            assert_eq!(cluster.source, good);
+            assert!(started.elapsed() < timeout, "{:?}", started.elapsed());
+        }
+        assert_eq!(
+            requests(&mut silent_heads),
+            0,
+            "the dead URL was not asked again"
+        );
+        assert_eq!(requests(&mut good_heads), 3);
+    }
+
+    #[tokio::test]
+    async fn the_url_that_answered_last_goes_first_then_the_others_in_order() {
+        let ok = || http_response("200 OK", PATRONI_4);
+        let busy = || http_response("503 Service Unavailable", "{}");
+        // a answers once, then is busy; b and c always answer.
+        let (a, a_heads) = serve(vec![ok(), busy()]).await;
+        let (b, b_heads) = serve(vec![ok()]).await;
+        let (c, c_heads) = serve(vec![ok()]).await;
+        let mut heads = [a_heads, b_heads, c_heads];
+        let mut asked = || heads.iter_mut().map(requests).collect::<Vec<_>>();
+        let (client, cancel) = (Client::new(), CancellationToken::new());
+        let urls = vec![a.clone(), b.clone(), c.clone()];
+        let source = |answer: Result<Cluster, PatroniError>| answer.unwrap().source;
+
+        assert_eq!(
+            source(client.fetch_cluster(&urls, &NO_TLS, SECOND, &cancel).await),
+            a
+        );
+        // a first, busy now, then b.
+        assert_eq!(
+            source(client.fetch_cluster(&urls, &NO_TLS, SECOND, &cancel).await),
+            b
+        );
+        // b first.
+        assert_eq!(
+            source(client.fetch_cluster(&urls, &NO_TLS, SECOND, &cancel).await),
+            b
+        );
+        assert_eq!(asked(), [2, 2, 0]);
+
+        // A reload that drops b: the remembered URL is not listed, so the list's order holds.
+        let reloaded = vec![c.clone(), a.clone()];
+        assert_eq!(
+            source(
+                client
+                    .fetch_cluster(&reloaded, &NO_TLS, SECOND, &cancel)
+                    .await
+            ),
+            c
+        );
+        // And with b listed again, c, which answered last, goes first.
+        assert_eq!(
+            source(client.fetch_cluster(&urls, &NO_TLS, SECOND, &cancel).await),
+            c
+        );
+        assert_eq!(asked(), [0, 0, 2]);
+    }
 
     #[tokio::test]
     async fn fetches_from_the_first_url_that_answers() {
