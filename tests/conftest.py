@@ -14,11 +14,14 @@ def pytest_configure(config):
                    "(scripts/test.sh: on every version; the others run on the oldest and the newest)")
     config.addinivalue_line(
         "markers", "smoke: the quick loop's subset (scripts/test.sh --quick)")
+    config.addinivalue_line(
+        "markers", "agent_only: the agent's own behaviour (its tasks, retries, election, polling), the same "
+                   "whatever the server's version (scripts/test.sh: on the newest version only)")
 
 
 # Modules whose tests take longest, started first so that parallel workers do not end on a long
 # tail; their tests share a module-scoped cluster, so each module stays on one worker.
-LONG_MODULES = ("test_patroni", "test_compose", "test_packages", "test_wal_cache", "test_churn", "test_agent_tls")
+LONG_MODULES = ("test_patroni", "test_compose", "test_packages", "test_wal_cache", "test_churn", "test_silent_standby", "test_agent_tls")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -37,6 +37,11 @@ pub enum Command {
     Status(StatusArgs),
     /// Wait until the standbys (or --member) hold a share of the primary's hot set: exit 0,
     /// or 1 on timeout. For switchovers and rolling restarts instead of a fixed sleep.
+    ///
+    /// It looks every --interval, but at least 5 s apart, over one session per node kept
+    /// from look to look. A look sweeps the primary's buffer headers once, and once more per
+    /// standby, and each standby's once: per GB of shared_buffers full of hot pages, about
+    /// 0.36 s of one core on the primary (with one standby) and 0.055 s on each standby.
     Wait(WaitArgs),
     /// Validate the configuration and print it as TOML (passwords masked).
     CheckConfig(CheckConfigArgs),

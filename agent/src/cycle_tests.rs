@@ -263,3 +263,53 @@ async fn the_change_feeds_go_on_across_a_reconnect_and_start_over_after_a_failov
     let _ = c.syncer.cycle(None).await;
     assert_eq!(resets(&c.standbys[0]), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_agents_one_warms_and_the_other_takes_over_when_it_is_gone() {
+    let mut c = cluster(41060, 1);
+    c.warm(&[0]).await;
+    let resets = |n: &Node| fake::lock(n).resets;
+    assert_eq!((resets(&c.primary), resets(&c.standbys[0])), (1, 1));
+    // A second agent on the same cluster, with its own subscriber id.
+    let cfg = c.syncer.config();
+    let metrics = Arc::new(Metrics::new());
+    let mut second: Syncer<FakeNode> =
+        Syncer::new(cfg.clone(), metrics.clone(), CancellationToken::new());
+    for _ in 0..5 {
+        let standing_by = second.cycle(None).await;
+        assert!(
+            matches!(standing_by, Err(crate::sync::CycleError::StandingBy { .. })),
+            "{standing_by:?}"
+        );
+        c.cycle().await;
+    }
+    // It called no feed: neither node's feed started over.
+    assert_eq!((resets(&c.primary), resets(&c.standbys[0])), (1, 1));
+    // The first agent goes away (its sessions with it): the second one warms, after one
+    // reset of each feed (a new subscriber).
+    drop(c.syncer);
+    fake::lock(&c.primary).hot.insert(HOT + 4, 5);
+    let report = second.cycle(None).await.expect("the second agent warms");
+    assert!(
+        fake::lock(&c.standbys[0]).cached.contains(&(HOT + 4)),
+        "{report:?}"
+    );
+    assert_eq!((resets(&c.primary), resets(&c.standbys[0])), (2, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_of_another_system_is_refused_and_shown_down() {
+    let mut c = cluster(41070, 1);
+    fake::lock(&c.standbys[0]).system_identifier = "8".into();
+    let refused = c.syncer.cycle(None).await;
+    assert!(
+        matches!(refused, Err(crate::sync::CycleError::Safety(_))),
+        "{refused:?}"
+    );
+    let rendered = c.metrics.render();
+    assert!(
+        rendered.contains("ccm_agent_node_up{side=\"standby\"} 0"),
+        "{rendered}"
+    );
+    assert_eq!(fake::lock(&c.standbys[0]).batches, 0);
+}

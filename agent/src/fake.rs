@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use ccm_codec::{encode_block_list, BlockAddress, BlockList, HotBlock};
 use tokio_util::sync::CancellationToken;
 
 use crate::conninfo::{ConnInfo, HostSpec};
+use crate::election::Holder;
 use crate::feed::FeedAnswer;
 use crate::node::{
     ConnectOptions, ErrorClass, NodeError, NodeFacts, PrewarmResult, Side, WalCacheStatus,
@@ -50,6 +52,8 @@ pub struct Server {
     /// Raised to close every session the server has (a restart of its network, say).
     pub generation: u32,
     pub connections: u32,
+    /// The session holding the agents' advisory lock, and the generation it was made in.
+    pub lock_holder: Option<(u64, u32)>,
     pub batches: u32,
     pub resets: u32,
     pub feed: Option<Feed>,
@@ -64,6 +68,8 @@ pub struct Feed {
 }
 
 type Shared = Arc<Mutex<Server>>;
+
+static SESSIONS: AtomicU64 = AtomicU64::new(1000);
 
 fn registry() -> MutexGuard<'static, HashMap<String, Shared>> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, Shared>>> = OnceLock::new();
@@ -115,6 +121,8 @@ pub struct FakeNode {
     host: HostSpec,
     facts: NodeFacts,
     options: ConnectOptions,
+    /// This session's number (a backend's pid, say).
+    session: u64,
     generation: u32,
     closed: bool,
     feed_after: i64,
@@ -163,17 +171,21 @@ impl NodeApi for FakeNode {
         options: ConnectOptions,
         cancel: &CancellationToken,
     ) -> Result<Self, NodeError> {
-        let mut tried = Vec::new();
+        let (mut tried, mut failures) = (Vec::new(), Vec::new());
         for host in info.hosts() {
             match Self::connect(info, &host, side, options, cancel).await {
                 Ok(node) if node.facts.in_recovery == side.wants_recovery() => return Ok(node),
                 Ok(node) => tried.push(format!("{} is {}", node.label(), side)),
-                Err(e) => tried.push(e.to_string()),
+                Err(e) => {
+                    tried.push(e.to_string());
+                    failures.push(e);
+                }
             }
         }
         Err(NodeError::NoMatch {
             side,
             tried: tried.join("; "),
+            failures,
         })
     }
 
@@ -224,6 +236,7 @@ impl NodeApi for FakeNode {
             host: host.clone(),
             facts,
             options,
+            session: SESSIONS.fetch_add(1, Ordering::Relaxed),
             generation,
             closed: false,
             feed_after: 0,
@@ -423,6 +436,43 @@ impl NodeApi for FakeNode {
 
     async fn wal_cache(&mut self) -> Result<Option<WalCacheStatus>, NodeError> {
         Ok(None)
+    }
+
+    async fn try_agent_lock(&mut self) -> Result<bool, NodeError> {
+        self.check_open()?;
+        let mut s = lock(&self.server);
+        // A session of an earlier generation is gone, and its lock with it.
+        let generation = s.generation;
+        let free = s.lock_holder.is_none_or(|(_, g)| g != generation);
+        if free {
+            s.lock_holder = Some((self.session, generation));
+        }
+        Ok(s.lock_holder == Some((self.session, generation)))
+    }
+
+    async fn agent_lock_holder(&mut self) -> Result<Option<Holder>, NodeError> {
+        self.check_open()?;
+        let s = lock(&self.server);
+        Ok(s.lock_holder
+            .filter(|(_, g)| *g == s.generation)
+            .map(|(session, _)| Holder {
+                pid: session as i32,
+                application_name: Some("ccm-agent".into()),
+                client_addr: Some("127.0.0.1".into()),
+                client_port: None,
+            }))
+    }
+}
+
+impl Drop for FakeNode {
+    /// A session's end releases its advisory lock, as PostgreSQL does.
+    fn drop(&mut self) {
+        let mut s = lock(&self.server);
+        if s.lock_holder
+            .is_some_and(|(session, _)| session == self.session)
+        {
+            s.lock_holder = None;
+        }
     }
 }
 

@@ -10,6 +10,7 @@ mod config;
 mod conninfo;
 #[cfg(test)]
 mod cycle_tests;
+mod election;
 #[cfg(test)]
 mod fake;
 mod feed;
@@ -20,6 +21,7 @@ mod notify;
 mod patroni;
 mod pgpass;
 mod reload;
+mod retry;
 mod standby;
 mod status;
 mod sync;

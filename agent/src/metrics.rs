@@ -4,7 +4,8 @@
 //! locks and the HTTP handler encodes a consistent-enough snapshot on each scrape. The server
 //! is bare hyper 1 (HTTP/1 only): three GET routes do not justify a web framework's compile
 //! time. /healthz says the process serves; /readyz says it does its job: both sides
-//! connected and a call answered recently, with a JSON body that says why not.
+//! connected and a call answered recently, with a JSON body that says why not. An agent that
+//! stands by (another holds the cluster's lock, election.rs) is not ready, and says so.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -82,6 +83,9 @@ pub struct Metrics {
     node_up: Family<Labels, Gauge>,
     retargets: Family<Labels, Counter>,
     pub enabled: Gauge,
+    /// 1 while this agent holds its cluster's lock and warms (election.rs).
+    active: Gauge,
+    resident_memory_bytes: Gauge,
     pub filter_bytes: Gauge,
     pub block_list_bytes: Gauge,
     pub wal_cache_held_blocks: Gauge,
@@ -124,6 +128,8 @@ struct Readiness {
     stale_after_ms: AtomicU64,
     /// When the sync loop last went round (also while the nodes are down): the watchdog.
     last_heartbeat: Mutex<Option<Instant>>,
+    /// While another agent holds the cluster's lock: that agent, as the primary shows it.
+    standing_by: Mutex<Option<String>>,
 }
 
 type SlotLabels = [(&'static str, String); 1];
@@ -155,6 +161,8 @@ impl Metrics {
             node_up: Family::default(),
             retargets: Family::default(),
             enabled: Gauge::default(),
+            active: Gauge::default(),
+            resident_memory_bytes: Gauge::default(),
             filter_bytes: Gauge::default(),
             block_list_bytes: Gauge::default(),
             wal_cache_held_blocks: Gauge::default(),
@@ -265,6 +273,16 @@ impl Metrics {
             m.enabled.clone(),
         );
         registry.register(
+            "active",
+            "1 while this agent holds its cluster's lock on the primary and warms; 0 while it stands by (another agent holds the lock) or has no primary session",
+            m.active.clone(),
+        );
+        registry.register(
+            "resident_memory_bytes",
+            "The agent's resident memory (VmRSS), read at every round of its loop",
+            m.resident_memory_bytes.clone(),
+        );
+        registry.register(
             "filter_bytes",
             "Size of the standby's last bloom filter",
             m.filter_bytes.clone(),
@@ -363,6 +381,16 @@ impl Metrics {
         flag.store(up, Ordering::Relaxed);
     }
 
+    /// The election's outcome (election.rs): active, or standing by behind `standing_by`.
+    pub fn set_election(&self, active: bool, standing_by: Option<String>) {
+        self.active.set(i64::from(active));
+        *self
+            .readiness
+            .standing_by
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = standing_by;
+    }
+
     /// A node answered a call of the loop.
     pub fn progress(&self) {
         *self
@@ -374,6 +402,9 @@ impl Metrics {
 
     /// The sync loop is alive (called every round, answered or not).
     pub fn heartbeat(&self) {
+        if let Some(bytes) = resident_bytes() {
+            self.resident_memory_bytes.set(saturating_i64(bytes));
+        }
         *self
             .readiness
             .last_heartbeat
@@ -406,11 +437,23 @@ impl Metrics {
             .unwrap_or_else(|e| e.into_inner())
             .map(|at| at.elapsed());
         let stale_after = Duration::from_millis(r.stale_after_ms.load(Ordering::Relaxed));
+        let standing_by = r
+            .standing_by
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let mut reasons = Vec::new();
+        // Standing by, the agent connects no standby on purpose: that is the one reason.
+        if let Some(holder) = &standing_by {
+            reasons.push(format!(
+                "standby: another ccm-agent holds the cluster's lock on the primary ({holder}); \
+                 this one warms nothing"
+            ));
+        }
         if !primary {
             reasons.push("no connection to a primary".to_string());
         }
-        if !standby {
+        if !standby && standing_by.is_none() {
             reasons.push("no connection to a standby".to_string());
         }
         match since {
@@ -433,6 +476,9 @@ impl Metrics {
             "primary_connected": primary,
             "standby_connected": standby,
             "seconds_since_last_answer": since.map(|age| age.as_secs_f64()),
+            "active": self.active.get() == 1,
+            "standby": standing_by.is_some(),
+            "active_agent": standing_by,
             "reasons": reasons,
         });
         (ready, body)
@@ -654,6 +700,14 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> 
     response
 }
 
+/// The process's resident memory from /proc/self/status (VmRSS); None where there is none.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -682,6 +736,7 @@ mod tests {
         "ccm_agent_retargets_total{side=\"primary\"}",
         "ccm_agent_retargets_total{side=\"standby\"}",
         "ccm_agent_enabled",
+        "ccm_agent_active",
         "ccm_agent_filter_bytes",
         "ccm_agent_block_list_bytes",
     ];
@@ -710,6 +765,20 @@ mod tests {
         }
         assert_eq!(s["ccm_agent_enabled"], 1.0);
         assert_eq!(s["ccm_agent_cycles_total"], 0.0);
+    }
+
+    #[test]
+    fn the_agents_memory_is_shown_from_the_first_round() {
+        let m = Metrics::new();
+        m.heartbeat();
+        let rendered = m.render();
+        let line = rendered
+            .lines()
+            .find(|l| l.starts_with("ccm_agent_resident_memory_bytes "))
+            .expect("rendered");
+        let bytes: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        // A test process holds a few MB at least, and less than a terabyte.
+        assert!(bytes > 1e6 && bytes < 1e12, "{line}");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! Each session is set up so that it can never get in the way of the node it watches:
 //! `statement_timeout` bounds every call, `lock_timeout=1s` and
 //! `idle_in_transaction_session_timeout=10s` are a second line of defence (the agent opens no
-//! explicit transaction and takes no lock), and `application_name=ccm-agent` makes the
+//! explicit transaction and takes no lock but the `run` daemon's session-level advisory lock
+//! on the primary, which nothing of the server's own waits on: election.rs), and `application_name=ccm-agent` makes the
 //! sessions easy to find in pg_stat_activity (unless the string or PGAPPNAME names them, as
 //! libpq's fallback_application_name). Every call also has a client-side deadline, so a node
 //! that stops answering without closing the socket (a partition, a SIGSTOPped server) is
@@ -33,6 +34,7 @@ use tracing::debug;
 use ccm_codec::BlockList;
 
 use crate::conninfo::{ConnInfo, HostSpec};
+use crate::election;
 use crate::feed::FeedAnswer;
 use crate::tls::{Failure, MakeTls, SslMode};
 use crate::wire::{self, ConnectError, PgConnection, Wire};
@@ -313,8 +315,14 @@ pub enum NodeError {
         what: &'static str,
         detail: String,
     },
+    /// `failures` holds each host's error when every host failed (none answered, in either
+    /// role): how soon to try again depends on them (retry.rs). Empty otherwise.
     #[error("no {side} found among the hosts of the {side} connection string: {tried}")]
-    NoMatch { side: Side, tried: String },
+    NoMatch {
+        side: Side,
+        tried: String,
+        failures: Vec<NodeError>,
+    },
     #[error("cancelled")]
     Cancelled,
     /// A server error of the given class, raised by the unit tests' fake node (fake.rs).
@@ -1296,6 +1304,38 @@ impl Node {
         Ok(Some(status))
     }
 
+    /// Primary: tries the agents' session-level advisory lock (election.rs) without waiting;
+    /// true when this session holds it now.
+    pub async fn try_agent_lock(&mut self) -> Result<bool, NodeError> {
+        const WHAT: &str = "pg_try_advisory_lock()";
+        let row = self
+            .query_one(WHAT, election::SQL_TRY_LOCK, &[&election::LOCK_KEY])
+            .await?;
+        Ok(Columns::new(self, WHAT, &row)
+            .get::<Option<bool>>(0)?
+            .unwrap_or(false))
+    }
+
+    /// Primary: the session holding the agents' lock in this database, if any.
+    pub async fn agent_lock_holder(&mut self) -> Result<Option<election::Holder>, NodeError> {
+        const WHAT: &str = "the ccm-agent lock's holder query";
+        let stmt = self.statement(WHAT, election::SQL_HOLDER).await?;
+        let key = election::LOCK_KEY;
+        let row = self
+            .guarded(WHAT, self.client.query_opt(&stmt, &[&key]))
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let col = Columns::new(self, WHAT, &row);
+        Ok(Some(election::Holder {
+            pid: col.get(0)?,
+            application_name: col.get(1)?,
+            client_addr: col.get(2)?,
+            client_port: col.get(3)?,
+        }))
+    }
+
     /// Primary: hot buffers, all of them or only those `filter` lacks.
     pub async fn hot_buffers_count(&mut self, filter: Option<&[u8]>) -> Result<i64, NodeError> {
         let (what, row) = match filter {
@@ -1340,6 +1380,8 @@ pub async fn resolve(
     strict: bool,
 ) -> Result<Node, NodeError> {
     let mut tried = Vec::new();
+    let mut failures = Vec::new();
+    let mut answered = false;
     let mut fallback: Option<Node> = None;
     for host in info.hosts() {
         match Node::connect(info, &host, side, options, cancel).await {
@@ -1353,26 +1395,34 @@ pub async fn resolve(
                 return Ok(node);
             }
             Ok(node) => {
+                answered = true;
                 tried.push(format!("{host} is a {}", node.role()));
                 if !strict && fallback.is_none() {
                     fallback = Some(node);
                 }
             }
             Err(NodeError::Cancelled) => return Err(NodeError::Cancelled),
-            Err(e) => tried.push(e.to_string()),
+            Err(e) => {
+                tried.push(e.to_string());
+                failures.push(e);
+            }
         }
+    }
+    if answered {
+        failures.clear();
     }
     match fallback {
         Some(node) => Ok(node),
         None => Err(NodeError::NoMatch {
             side,
             tried: tried.join("; "),
+            failures,
         }),
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn facts(catalog: Option<&str>, library: Option<&str>) -> NodeFacts {
@@ -1729,7 +1779,7 @@ mod tests {
     }
 
     /// The error of connecting to 127.0.0.1:`port` with `sslmode`.
-    async fn connect_error(port: u16, sslmode: &str) -> NodeError {
+    pub(crate) async fn connect_error(port: u16, sslmode: &str) -> NodeError {
         let info = ConnInfo::parse_with_env(
             &format!("host=127.0.0.1 port={port} user=u dbname=d sslmode={sslmode}"),
             &|_| None,

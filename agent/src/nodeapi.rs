@@ -12,6 +12,7 @@ use std::future::Future;
 use tokio_util::sync::CancellationToken;
 
 use crate::conninfo::{ConnInfo, HostSpec};
+use crate::election::Holder;
 use crate::feed::FeedAnswer;
 use crate::node::{
     self, ConnectOptions, Node, NodeError, NodeFacts, PrewarmResult, Side, WalCacheStatus,
@@ -86,6 +87,12 @@ pub trait NodeApi: Send + Sized + 'static {
     fn wal_cache(
         &mut self,
     ) -> impl Future<Output = Result<Option<WalCacheStatus>, NodeError>> + Send;
+    /// Primary: tries the agents' advisory lock (election.rs); true when held now.
+    fn try_agent_lock(&mut self) -> impl Future<Output = Result<bool, NodeError>> + Send;
+    /// Primary: the session holding the agents' lock, if any.
+    fn agent_lock_holder(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<Holder>, NodeError>> + Send;
 }
 
 impl NodeApi for Node {
@@ -208,5 +215,15 @@ impl NodeApi for Node {
         &mut self,
     ) -> impl Future<Output = Result<Option<WalCacheStatus>, NodeError>> + Send {
         Node::wal_cache(self)
+    }
+
+    fn try_agent_lock(&mut self) -> impl Future<Output = Result<bool, NodeError>> + Send {
+        Node::try_agent_lock(self)
+    }
+
+    fn agent_lock_holder(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<Holder>, NodeError>> + Send {
+        Node::agent_lock_holder(self)
     }
 }

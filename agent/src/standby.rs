@@ -28,12 +28,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
-use crate::config::{format_duration, Config};
+use crate::config::Config;
 use crate::conninfo::{ConnInfo, HostSpec};
 use crate::feed::{self, FeedAnswer, Mirror};
 use crate::metrics::{saturating_i64, Metrics, Stage};
 use crate::node::{ConnectOptions, ErrorClass, Node, NodeError, PrewarmResult, Side};
 use crate::nodeapi::NodeApi;
+use crate::retry::{self, Episode, Kind, Pace};
 use crate::sync::{CycleError, CycleReport, StandbyReport};
 use crate::topology::Target;
 use crate::walsender::{self, Endpoint, Sender, Verdict};
@@ -144,8 +145,8 @@ pub struct Standby<N: NodeApi = Node> {
     /// Its own backoff, used while other standbys are being warmed.
     backoff: Backoff,
     pub retry_at: Option<Instant>,
-    /// The problem last logged for it: each is logged once, when it starts.
-    problem: Option<String>,
+    /// Its run of failures: each kind is logged once, when it starts, and the end once.
+    episode: Episode,
     /// Connected and found to follow the primary (check_source): only such a standby is
     /// accepted as another standby's WAL sender (a cascade).
     pub verified: bool,
@@ -171,7 +172,7 @@ impl<N: NodeApi> Standby<N> {
             node: None,
             backoff: Backoff::new(max_backoff),
             retry_at: None,
-            problem: None,
+            episode: Episode::default(),
             verified: false,
             fill_idle_until: None,
             replay_behind: false,
@@ -202,18 +203,25 @@ impl<N: NodeApi> Standby<N> {
         self.backoff = Backoff::new(max_backoff);
     }
 
-    /// Puts it off for its next backoff delay (at most `cap`) because of `problem`. Returns
-    /// the delay as the log says it when the problem is new: each is logged once.
+    /// Puts it off for its next backoff delay (at most `cap`) because of `problem`, a note
+    /// that is no fault (its text is its kind). Returns the delay as the log says it when
+    /// the problem is new to this episode: each is logged once.
     pub fn defer(&mut self, cap: Duration, problem: String) -> Option<String> {
-        let delay = self.backoff.next_delay().min(cap);
-        self.retry_at = Some(Instant::now() + delay);
-        if self.problem.as_deref() == Some(problem.as_str()) {
-            return None;
-        }
-        self.problem = Some(problem);
-        Some(format_duration(Duration::from_millis(
-            delay.as_millis() as u64
-        )))
+        let (retry, tell) = self.put_off(Pace::Fast, cap, Kind::note(problem));
+        tell.then_some(retry)
+    }
+
+    /// Puts it off after a failure of `kind`: its next delay for `pace`, at most `cap`.
+    /// Returns the delay as the log says it, and whether to tell (its kind's first failure
+    /// in this episode).
+    fn put_off(&mut self, pace: Pace, cap: Duration, kind: Kind) -> (String, bool) {
+        let delay = retry::next_delay(&mut self.backoff, pace, cap);
+        let now = Instant::now();
+        self.retry_at = Some(now + delay);
+        (
+            retry::when(pace, delay, cap),
+            self.episode.failed(kind, now),
+        )
     }
 
     /// Its trouble while the cycle goes on with others: logged when it starts, counted, and
@@ -223,15 +231,16 @@ impl<N: NodeApi> Standby<N> {
             metrics.cycle_error(stage);
         }
         let cap = error.backoff_cap(cfg);
-        let text = error.to_string();
-        if let Some(retry) = self.defer(cap, text.clone()) {
-            match error {
-                CycleError::Safety(_) => {
-                    error!(standby = %self.name, "{text}; retrying in {retry}")
-                }
-                _ => {
-                    warn!(standby = %self.name, "{text}; warming the other standbys, retrying this one in {retry}")
-                }
+        let (retry, tell) = self.put_off(error.pace(), cap, error.kind());
+        match error {
+            _ if !tell => {
+                debug!(standby = %self.name, kind = %error.kind(), "{error}; retrying in {retry}")
+            }
+            CycleError::Safety(_) => {
+                error!(standby = %self.name, "{error}; retrying in {retry}")
+            }
+            _ => {
+                warn!(standby = %self.name, "{error}; warming the other standbys, retrying this one in {retry}")
             }
         }
     }
@@ -240,8 +249,8 @@ impl<N: NodeApi> Standby<N> {
     pub fn fine(&mut self) {
         self.backoff.reset();
         self.retry_at = None;
-        if self.problem.take().is_some() {
-            info!(standby = %self.name, "warming the standby {} again", self.name);
+        if let Some(ended) = self.episode.end(Instant::now()) {
+            info!(standby = %self.name, "warming the standby {} again, after {ended}", self.name);
         }
     }
 

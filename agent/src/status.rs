@@ -6,15 +6,23 @@
 //! operator needs to see. Anything that would stop `run` from syncing (a node unreachable, a
 //! wrong role, different systems, a missing extension, a library older than the catalog)
 //! makes the exit code non-zero.
+//!
+//! It also names the `ccm-agent run` that is active on the cluster: the session holding the
+//! agents' lock on the primary (election.rs), from pg_locks and pg_stat_activity, or none.
+//!
+//! A `Looker` holds the sessions: `status` looks once, `wait` looks again and again over the
+//! same sessions (see wait.rs for what a look costs the nodes).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
+use tracing::debug;
 
 use crate::config::Config;
-use crate::conninfo::ConnInfo;
+use crate::conninfo::{ConnInfo, HostSpec};
+use crate::election::Holder;
 use crate::metrics::coverage;
 use crate::node::{self, CcmStatus, ConnectOptions, Node, NodeError, Side, WalCacheStatus};
 use crate::topology::{self, Topology};
@@ -89,6 +97,11 @@ pub struct StatusReport {
     pub leader: Option<String>,
     /// Patroni members that are not warmed, and why.
     pub excluded: Vec<(String, String)>,
+    /// The `ccm-agent run` active on the cluster: the primary session holding the agents'
+    /// lock (election.rs). None when no agent holds it, or when the primary could not be
+    /// asked (`active_agent_checked` false).
+    pub active_agent: Option<Holder>,
+    pub active_agent_checked: bool,
     /// false when the extension reports the Cluster Cache Manager disabled.
     pub ccm_enabled: Option<bool>,
     /// Hot buffers on the primary (ccm_hot_buffers()).
@@ -134,6 +147,18 @@ impl StatusReport {
         }
         for (name, why) in &self.excluded {
             let _ = writeln!(out, "skipped  {name} ({why})");
+        }
+        match (&self.active_agent, self.active_agent_checked) {
+            (Some(holder), _) => {
+                let _ = writeln!(out, "agent    active: {holder}");
+            }
+            (None, true) => {
+                let _ = writeln!(
+                    out,
+                    "agent    active: none (no ccm-agent run holds the cluster's lock)"
+                );
+            }
+            (None, false) => {}
         }
         if self.ccm_enabled == Some(false) {
             let _ = writeln!(out, "CCM      disabled (ccm.enabled = off)");
@@ -238,29 +263,168 @@ fn options(cfg: &Config) -> ConnectOptions {
     }
 }
 
-/// Records a query error: a disabled CCM is a state, anything else a problem.
-fn note_error(report: &mut StatusReport, error: NodeError) {
+/// Records a query error: a disabled CCM is a state, anything else a problem. Returns
+/// whether the error broke the session.
+fn note_error(report: &mut StatusReport, error: NodeError) -> bool {
+    let broken = error.breaks_connection();
     match error {
         NodeError::Disabled { .. } => report.ccm_enabled = Some(false),
         e => report.problems.push(e.to_string()),
     }
+    broken
 }
 
-/// Connects to every standby of the topology (any role, so that it can be shown).
+/// Sessions to the nodes of the topology, kept from one look to the next.
+///
+/// `wait` looks again and again for up to its timeout, exactly while a switchover runbook
+/// waits on it: a session made afresh for each look would cost every node a backend start, a
+/// TLS handshake and a SCRAM exchange each time. A session is made again only when it broke,
+/// when the topology moved it (another host, another member), or when its node showed a
+/// problem that a fix may clear without a restart (a missing extension, a primary string
+/// that led to a standby), so that the fix is seen at the next look.
+pub struct Looker {
+    cfg: Arc<Config>,
+    cancel: CancellationToken,
+    primary: Option<Kept>,
+    standbys: Vec<Kept>,
+}
+
+/// A kept session, with what it was made for: a standby's name (empty for the primary) and
+/// the hosts of its connection string.
+struct Kept {
+    name: String,
+    hosts: Vec<HostSpec>,
+    node: Node,
+}
+
+/// A standby of this look that answered.
+struct Reached {
+    /// Its entry in `StatusReport::standbys`.
+    entry: usize,
+    name: String,
+    hosts: Vec<HostSpec>,
+    node: Node,
+    /// Whether its coverage is measured: in recovery, with a usable library, of the
+    /// primary's system.
+    measured: bool,
+    /// Whether a call broke its session.
+    broken: bool,
+}
+
+impl Looker {
+    pub fn new(cfg: Arc<Config>, cancel: CancellationToken) -> Self {
+        Looker {
+            cfg,
+            cancel,
+            primary: None,
+            standbys: Vec::new(),
+        }
+    }
+
+    /// One look: the topology read again, the sessions it still names reused, the others
+    /// made, and the report. Never fails: what could not be learned is a problem in it.
+    pub async fn gather(&mut self) -> StatusReport {
+        let mut report = StatusReport::default();
+        let topology =
+            match topology::discover(&self.cfg, self.cfg.connect_timeout, &self.cancel).await {
+                Ok(t) => t,
+                Err(e) => {
+                    report.problems.push(format!("topology: {e}"));
+                    return report;
+                }
+            };
+        report.leader = topology.leader.clone();
+        report.excluded = topology.excluded.clone();
+        let kept_primary = self.primary.take();
+        let kept_standbys = std::mem::take(&mut self.standbys);
+        let (primary, standbys) = tokio::join!(
+            open_primary(&self.cfg, &topology, kept_primary, &self.cancel),
+            connect_standbys(&self.cfg, &topology, kept_standbys, &self.cancel),
+        );
+        let (primary, standbys) = examine(&mut report, &topology, primary, standbys).await;
+        self.primary = primary.map(|node| Kept {
+            name: String::new(),
+            hosts: topology.primary.hosts(),
+            node,
+        });
+        self.standbys = standbys;
+        report
+    }
+
+    /// How many sessions are kept for the next look.
+    pub fn kept(&self) -> usize {
+        self.standbys.len() + usize::from(self.primary.is_some())
+    }
+}
+
+/// Gathers the status report once (`status`).
+pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport {
+    Looker::new(cfg, cancel).gather().await
+}
+
+/// The kept session made for `name` at `hosts`, if it is still open.
+fn take_kept(kept: &mut Vec<Kept>, name: &str, hosts: &[HostSpec]) -> Option<Node> {
+    let i = kept
+        .iter()
+        .position(|k| k.name == name && k.hosts == hosts)?;
+    let k = kept.swap_remove(i);
+    (!k.node.is_closed()).then_some(k.node)
+}
+
+/// Whether a session is worth keeping for the next look: open, unbroken, on a node with
+/// the extension whose library may be called, and for the primary, on a primary (a primary
+/// only goes into recovery through a restart, which ends the session; a standby may be
+/// promoted under a kept session, which its next filter's answer tells).
+fn worth_keeping(node: &Node, broken: bool, side: Side) -> bool {
+    !broken
+        && !node.is_closed()
+        && node.require_extension().is_ok()
+        && (side == Side::Standby || !node.facts.in_recovery)
+}
+
+/// The primary's kept session if the topology still names the same hosts, else a new one.
+async fn open_primary(
+    cfg: &Config,
+    topology: &Topology,
+    kept: Option<Kept>,
+    cancel: &CancellationToken,
+) -> Result<Node, NodeError> {
+    let mut kept: Vec<Kept> = kept.into_iter().collect();
+    match take_kept(&mut kept, "", &topology.primary.hosts()) {
+        Some(node) => Ok(node),
+        None => {
+            node::resolve(
+                &topology.primary,
+                Side::Primary,
+                options(cfg),
+                cancel,
+                false,
+            )
+            .await
+        }
+    }
+}
+
+/// Connects to every standby of the topology (any role, so that it can be shown), reusing
+/// the sessions in `kept` made for the same name and host.
 async fn connect_standbys(
     cfg: &Config,
     topology: &Topology,
+    mut kept: Vec<Kept>,
     cancel: &CancellationToken,
 ) -> Vec<(String, ConnInfo, Result<Node, NodeError>)> {
     let mut connected = Vec::new();
     for t in &topology.targets {
-        let node = match t.conninfo.hosts().first() {
-            Some(host) => {
+        let hosts = t.conninfo.hosts();
+        let node = match (take_kept(&mut kept, &t.name, &hosts), hosts.first()) {
+            (Some(node), _) => Ok(node),
+            (None, Some(host)) => {
                 Node::connect(&t.conninfo, host, Side::Standby, options(cfg), cancel).await
             }
-            None => Err(NodeError::NoMatch {
+            (None, None) => Err(NodeError::NoMatch {
                 side: Side::Standby,
                 tried: "no host".into(),
+                failures: Vec::new(),
             }),
         };
         connected.push((t.name.clone(), t.conninfo.clone(), node));
@@ -268,29 +432,72 @@ async fn connect_standbys(
     connected
 }
 
-/// Gathers the status report. Never fails: what could not be learned is a problem in it.
-pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport {
-    let mut report = StatusReport::default();
-    let topology = match topology::discover(&cfg, cfg.connect_timeout, &cancel).await {
-        Ok(t) => t,
-        Err(e) => {
-            report.problems.push(format!("topology: {e}"));
-            return report;
-        }
-    };
-    report.leader = topology.leader.clone();
-    report.excluded = topology.excluded.clone();
-    let (primary, standbys) = tokio::join!(
-        node::resolve(
-            &topology.primary,
-            Side::Primary,
-            options(&cfg),
-            &cancel,
-            false
-        ),
-        connect_standbys(&cfg, &topology, &cancel),
+/// Judges the sessions of one look, measures what can be measured, and returns the
+/// sessions worth keeping for the next look.
+async fn examine(
+    report: &mut StatusReport,
+    topology: &Topology,
+    primary: Result<Node, NodeError>,
+    standbys: Vec<(String, ConnInfo, Result<Node, NodeError>)>,
+) -> (Option<Node>, Vec<Kept>) {
+    let mut primary = enter_primary(report, topology, primary);
+    if let Some(p) = primary.as_mut().filter(|p| !p.facts.in_recovery) {
+        active_agent(report, p).await;
+    }
+    let mut standby_problems = Vec::new();
+    let mut reached = reach(report, standbys, &mut standby_problems);
+    check_topology(report, primary.as_ref(), &reached);
+    // Problems so far concern the primary or the whole topology: without a sound primary
+    // no number means anything. A standby that is down or of another system is a problem
+    // of its own, and the others are still measured (a rolling restart waits on them).
+    let blocked = !report.problems.is_empty();
+    pass_over_unusable(
+        report,
+        primary.as_ref(),
+        &mut reached,
+        &mut standby_problems,
     );
-    let mut primary = match primary {
+    let mut primary_broken = false;
+    if !blocked {
+        if let Some(p) = primary.as_mut() {
+            primary_broken = collect_numbers(report, p, &mut reached).await;
+        }
+    }
+    show_first_standby(report, &reached);
+    report.problems.extend(standby_problems);
+    report.ok = report.problems.is_empty();
+    let primary = primary.filter(|p| worth_keeping(p, primary_broken, Side::Primary));
+    let kept = reached
+        .into_iter()
+        .filter(|s| worth_keeping(&s.node, s.broken, Side::Standby))
+        .map(|s| Kept {
+            name: s.name,
+            hosts: s.hosts,
+            node: s.node,
+        })
+        .collect();
+    (primary, kept)
+}
+
+/// Who holds the agents' lock on the primary. A failed look-up stops nothing `run` does: it
+/// is a line of the report, not a problem.
+async fn active_agent(report: &mut StatusReport, primary: &mut Node) {
+    match primary.agent_lock_holder().await {
+        Ok(holder) => {
+            report.active_agent = holder;
+            report.active_agent_checked = true;
+        }
+        Err(e) => debug!("looking up the ccm-agent lock's holder failed: {e}"),
+    }
+}
+
+/// Enters the primary into the report, with what stops it from being used.
+fn enter_primary(
+    report: &mut StatusReport,
+    topology: &Topology,
+    primary: Result<Node, NodeError>,
+) -> Option<Node> {
+    match primary {
         Ok(n) => {
             if n.facts.in_recovery {
                 report.problems.push(format!(
@@ -311,30 +518,16 @@ pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport
             report.problems.push(format!("primary: {e}"));
             None
         }
-    };
-    let mut nodes = Vec::new();
-    let mut standby_problems = Vec::new();
-    for (name, info, node) in standbys {
-        let mut entry = StandbyStatus {
-            name: name.clone(),
-            ..Default::default()
-        };
-        match node {
-            Ok(n) => {
-                entry.node = NodeReport::from_node(&n);
-                nodes.push((report.standbys.len(), n));
-            }
-            Err(e) => {
-                entry.node = NodeReport::from_error(&info, &e);
-                standby_problems.push(format!("standby {name}: {e}"));
-            }
-        }
-        report.standbys.push(entry);
     }
+}
+
+/// The problems of the whole topology: no standby at all, or no extension.
+fn check_topology(report: &mut StatusReport, primary: Option<&Node>, reached: &[Reached]) {
     // A host of the standby string that is the primary is passed over, as `run` does;
     // only a topology without any standby is a problem.
-    nodes.retain(|(_, n)| n.facts.in_recovery);
-    if nodes.is_empty() && !report.standbys.iter().all(|s| s.node.error.is_some()) {
+    if !reached.iter().any(|s| s.measured)
+        && !report.standbys.iter().all(|s| s.node.error.is_some())
+    {
         let shown = report
             .standbys
             .first()
@@ -350,107 +543,143 @@ pub async fn gather(cfg: Arc<Config>, cancel: CancellationToken) -> StatusReport
             .push("no standby to warm: the topology lists none".to_string());
     }
     // The catalog is shared by all nodes: one report of a missing extension is enough.
-    if let Some(Err(e)) = primary
-        .as_ref()
-        .or(nodes.first().map(|(_, n)| n))
-        .map(Node::require_catalog)
-    {
+    let first = reached.iter().find(|s| s.measured).map(|s| &s.node);
+    if let Some(Err(e)) = primary.or(first).map(Node::require_catalog) {
         report.problems.push(e.to_string());
     }
-    // Problems so far concern the primary or the whole topology: without a sound primary
-    // no number means anything. A standby that is down or of another system is a problem
-    // of its own, and the others are still measured (a rolling restart waits on them).
-    let blocked = !report.problems.is_empty();
-    // A standby whose library is older than the catalog is not called (its coverage stays
-    // unknown): a problem of its own, as `run` has it.
-    nodes.retain(|(i, s)| match s.require_library() {
-        Ok(()) => true,
-        Err(e) => {
-            let entry = &mut report.standbys[*i];
-            entry.node.error = Some(e.to_string());
-            standby_problems.push(format!("standby {}: {e}", entry.name));
-            false
-        }
-    });
-    if let Some(p) = &primary {
-        let mut others = Vec::new();
-        nodes.retain(|(i, s)| match node::check_same_system(p, s) {
-            Ok(()) => true,
-            Err(message) => {
-                others.push((*i, message));
-                false
-            }
-        });
-        for (i, message) in others {
-            report.standbys[i].node.error = Some(message.clone());
-            report.problems.push(message);
-        }
-    }
-    report.standby = match nodes.first() {
-        Some((i, _)) => report.standbys[*i].node.clone(),
-        None => report
-            .standbys
-            .first()
-            .map(|s| s.node.clone())
-            .unwrap_or_default(),
-    };
-    if !blocked {
-        if let Some(p) = primary.as_mut() {
-            collect_numbers(&mut report, p, &mut nodes).await;
-        }
-    }
-    report.problems.extend(standby_problems);
-    report.ok = report.problems.is_empty();
-    report
 }
 
+/// Standbys that are not measured, each a problem of its own: a library older than the
+/// catalog (not called, as `run` has it), or another system than the primary's.
+fn pass_over_unusable(
+    report: &mut StatusReport,
+    primary: Option<&Node>,
+    reached: &mut [Reached],
+    problems: &mut Vec<String>,
+) {
+    for s in reached.iter_mut().filter(|s| s.measured) {
+        if let Err(e) = s.node.require_library() {
+            report.standbys[s.entry].node.error = Some(e.to_string());
+            problems.push(format!("standby {}: {e}", s.name));
+            s.measured = false;
+        }
+    }
+    let Some(p) = primary else { return };
+    for s in reached.iter_mut().filter(|s| s.measured) {
+        if let Err(message) = node::check_same_system(p, &s.node) {
+            report.standbys[s.entry].node.error = Some(message.clone());
+            report.problems.push(message);
+            s.measured = false;
+        }
+    }
+}
+
+/// Enters every standby into the report; returns those that answered, the ones in
+/// recovery to be measured.
+fn reach(
+    report: &mut StatusReport,
+    standbys: Vec<(String, ConnInfo, Result<Node, NodeError>)>,
+    problems: &mut Vec<String>,
+) -> Vec<Reached> {
+    let mut reached = Vec::new();
+    for (name, info, node) in standbys {
+        let mut entry = StandbyStatus {
+            name: name.clone(),
+            ..Default::default()
+        };
+        match node {
+            Ok(n) => {
+                entry.node = NodeReport::from_node(&n);
+                reached.push(Reached {
+                    entry: report.standbys.len(),
+                    name,
+                    hosts: info.hosts(),
+                    measured: n.facts.in_recovery,
+                    node: n,
+                    broken: false,
+                });
+            }
+            Err(e) => {
+                entry.node = NodeReport::from_error(&info, &e);
+                problems.push(format!("standby {name}: {e}"));
+            }
+        }
+        report.standbys.push(entry);
+    }
+    reached
+}
+
+/// The first measured standby (the tier-0 one) is `standby` in the report, with its
+/// coverage; without one, the first of the topology.
+fn show_first_standby(report: &mut StatusReport, reached: &[Reached]) {
+    let first = reached
+        .iter()
+        .find(|s| s.measured)
+        .map(|s| report.standbys[s.entry].clone())
+        .or_else(|| report.standbys.first().cloned());
+    if let Some(s) = first {
+        report.standby = s.node;
+        report.missing = s.missing;
+        report.coverage = s.coverage;
+    }
+}
+
+/// The primary's counters and hot set, and each measured standby's coverage of it. Returns
+/// whether a call broke the primary's session (a standby's is marked in its entry).
 async fn collect_numbers(
     report: &mut StatusReport,
     primary: &mut Node,
-    standbys: &mut [(usize, Node)],
-) {
+    standbys: &mut [Reached],
+) -> bool {
     report.ccm_enabled = Some(true);
+    let mut broken = false;
     match primary.ccm_status().await {
         Ok(s) => {
             report.buffers_sent_per_second = Some(s.buffers_sent_last_minute as f64 / 60.0);
             report.buffers_found_per_second = Some(s.buffers_found_last_minute as f64 / 60.0);
             report.status = Some(s);
         }
-        Err(e) => note_error(report, e),
+        Err(e) => broken |= note_error(report, e),
     }
     match primary.wal_cache().await {
         Ok(w) => report.wal_cache = w,
-        Err(e) => note_error(report, e),
+        Err(e) => broken |= note_error(report, e),
     }
     let hot = match primary.hot_buffers_count(None).await {
         Ok(h) => h,
-        Err(e) => {
-            note_error(report, e);
-            return;
-        }
+        Err(e) => return broken | note_error(report, e),
     };
     report.hot_buffers = Some(hot);
-    for (first, (i, standby)) in standbys.iter_mut().enumerate() {
-        let filter = match standby.buffer_filter(STATUS_FALSE_POSITIVE_RATE).await {
-            Ok((_, f)) => f,
+    for s in standbys.iter_mut().filter(|s| s.measured) {
+        let filter = match s.node.buffer_filter(STATUS_FALSE_POSITIVE_RATE).await {
+            Ok((true, f)) => f,
+            Ok((false, _)) => {
+                promoted(report, s);
+                continue;
+            }
             Err(e) => {
-                note_error(report, e);
+                s.broken = note_error(report, e);
                 continue;
             }
         };
         match primary.hot_buffers_count(Some(&filter)).await {
             Ok(missing) => {
-                let c = coverage(hot.max(0) as u64, missing.max(0) as u64);
-                report.standbys[*i].missing = Some(missing);
-                report.standbys[*i].coverage = Some(c);
-                if first == 0 {
-                    report.missing = Some(missing);
-                    report.coverage = Some(c);
-                }
+                let entry = &mut report.standbys[s.entry];
+                entry.missing = Some(missing);
+                entry.coverage = Some(coverage(hot.max(0) as u64, missing.max(0) as u64));
             }
-            Err(e) => note_error(report, e),
+            Err(e) => broken |= note_error(report, e),
         }
     }
+    broken
+}
+
+/// A standby promoted since its session was made (the session was kept from an earlier
+/// look): a primary now, shown as one and not measured.
+fn promoted(report: &mut StatusReport, standby: &mut Reached) {
+    standby.node.facts.in_recovery = false;
+    standby.measured = false;
+    report.standbys[standby.entry].node.role = Some(node::role_name(false));
 }
 
 /// `check-config --connect`: both sides strictly resolved and of one system. Returns lines to
@@ -499,7 +728,7 @@ pub async fn check_connections(cfg: Arc<Config>, cancel: CancellationToken) -> (
         }
     }
     let mut standbys = 0;
-    for (name, _, node) in connect_standbys(&cfg, &topology, &cancel).await {
+    for (name, _, node) in connect_standbys(&cfg, &topology, Vec::new(), &cancel).await {
         // "standby: db2:5432 ok", or with Patroni "standby pg2: db2:5432 ok".
         let side = match &node {
             Ok(n) if n.label() == name => "standby".to_string(),
@@ -569,6 +798,13 @@ mod tests {
             }],
             leader: None,
             excluded: vec![],
+            active_agent: Some(Holder {
+                pid: 4711,
+                application_name: Some("ccm-agent".into()),
+                client_addr: Some("10.0.0.7".into()),
+                client_port: Some(50432),
+            }),
+            active_agent_checked: true,
             ccm_enabled: Some(true),
             hot_buffers: Some(1000),
             missing: Some(20),
@@ -638,6 +874,31 @@ mod tests {
         assert_eq!(v["wal_cache"]["slots"][0]["cache_miss"], 1);
         assert_eq!(v["ok"], true);
         assert!(v["problems"].as_array().unwrap().is_empty());
+        assert_eq!(v["active_agent"]["pid"], 4711);
+        assert_eq!(v["active_agent"]["application_name"], "ccm-agent");
+        assert_eq!(v["active_agent"]["client_addr"], "10.0.0.7");
+        assert_eq!(v["active_agent_checked"], true);
+    }
+
+    #[test]
+    fn the_active_agent_is_named_or_none() {
+        let mut r = sample();
+        let text = r.to_text();
+        assert!(
+            text.contains(
+                "agent    active: pid 4711, application_name ccm-agent, client 10.0.0.7:50432"
+            ),
+            "{text}"
+        );
+        r.active_agent = None;
+        assert!(
+            r.to_text().contains("agent    active: none"),
+            "{}",
+            r.to_text()
+        );
+        r.active_agent_checked = false;
+        assert!(!r.to_text().contains("agent "), "{}", r.to_text());
+        assert!(serde_json::to_value(&r).unwrap()["active_agent"].is_null());
     }
 
     #[test]

@@ -42,6 +42,9 @@
 //! Not faults: a recovery conflict (the statement cancelled, or the session terminated) ends
 //! that standby's share of the cycle, and what was not loaded comes again next cycle because
 //! its filter is rebuilt; a storage error on one page costs its batch only.
+//!
+//! Only the `run` daemon that holds the cluster's lock on the primary warms (election.rs);
+//! the others stop each cycle right after the try, before any call to a node's feed.
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -58,11 +61,13 @@ use tracing::{debug, error, info, warn};
 use crate::backoff::Backoff;
 use crate::config::{format_duration, Config};
 use crate::conninfo::{ConnInfo, HostSpec};
+use crate::election::{self, Election};
 use crate::feed::{self, Mirror};
 use crate::metrics::{coverage, saturating_i64, Metrics, Stage};
 use crate::node::{self, ConnectOptions, Node, NodeError, Side, WalSource};
 use crate::nodeapi::NodeApi;
 use crate::notify;
+use crate::retry::{self, Episode, Kind, Pace};
 use crate::standby::{
     self, addresses, answer_bytes, count_node_wire, note_feed_reset, unused_room, Done,
     PrimaryView, Ready, Shared, Standby, Tier, FILL_MAX_BATCHES, FILL_MIN_BLOCKS, FILL_RECHECK,
@@ -70,11 +75,11 @@ use crate::standby::{
 use crate::topology::{self, Target};
 use crate::walsender::Endpoint;
 
-/// The longest wait before connecting again to a node that could not be reached (refused,
-/// starting up, unreachable), unless the interval is longer: a failed connection attempt
-/// costs the node nothing, and a standby that restarted is cold, so it should be warmed as
-/// soon as it accepts connections, not a doubled backoff later (which would add about as
-/// long again as the restart took). Other faults back off up to max_backoff.
+/// The longest wait after a fast failure (retry.rs: refused, starting up, unreachable, a
+/// broken session), unless the interval is longer: such an attempt costs the node nothing,
+/// and a standby that restarted is cold, so it should be warmed as soon as it accepts
+/// connections, not a doubled backoff later (which would add about as long again as the
+/// restart took). Slow failures (authentication, TLS, the extension) back off to max_backoff.
 const RECONNECT_CEILING: Duration = Duration::from_secs(1);
 
 /// What one cycle did for one standby.
@@ -223,22 +228,40 @@ pub enum CycleError {
     /// Patroni could not be asked, or named no leader.
     #[error("{0}")]
     Topology(String),
-    /// Every standby failed, each in its own way (all named in the message).
+    /// Every standby failed, each in its own way (all named in the message; `each` holds
+    /// the errors, which say how soon to try again).
     #[error("{message}")]
-    Standbys { stage: Stage, message: String },
+    Standbys {
+        stage: Stage,
+        message: String,
+        each: Vec<CycleError>,
+    },
+    /// Another agent holds the cluster's lock (election.rs): this one warms nothing. Not a
+    /// fault.
+    #[error("another ccm-agent holds the cluster's lock on the primary ({holder})")]
+    StandingBy { holder: String },
     #[error("cancelled")]
     Cancelled,
 }
 
 impl CycleError {
     /// The longest backoff after this error: [`RECONNECT_CEILING`] (or the interval, if
-    /// longer) when a node could not be connected to, else `max_backoff`.
+    /// longer) for a fast failure, `max_backoff` for a slow one (retry.rs).
     pub fn backoff_cap(&self, cfg: &Config) -> Duration {
-        if self.stage() == Some(Stage::Connect) {
-            cfg.interval.max(RECONNECT_CEILING).min(cfg.max_backoff)
-        } else {
-            cfg.max_backoff
+        match self.pace() {
+            Pace::Fast => cfg.interval.max(RECONNECT_CEILING).min(cfg.max_backoff),
+            Pace::Slow => cfg.max_backoff,
         }
+    }
+
+    /// How soon this failure is worth trying again.
+    pub fn pace(&self) -> Pace {
+        retry::cycle_pace(self)
+    }
+
+    /// What failed, for logging each kind once per episode.
+    pub fn kind(&self) -> Kind {
+        retry::cycle_kind(self)
     }
 
     /// The `stage` label this error is counted under; none for the non-faults.
@@ -249,7 +272,9 @@ impl CycleError {
             CycleError::Decode(_) => Some(Stage::HotBlocks),
             CycleError::Topology(_) => Some(Stage::Connect),
             CycleError::Standbys { stage, .. } => Some(*stage),
-            CycleError::Disabled { .. } | CycleError::Cancelled => None,
+            CycleError::Disabled { .. } | CycleError::StandingBy { .. } | CycleError::Cancelled => {
+                None
+            }
         }
     }
 }
@@ -329,7 +354,7 @@ impl<N: NodeApi> Slot<N> {
     fn up(&self) -> bool {
         match &self.standby {
             Some(standby) => standby.node.is_some(),
-            None => true,
+            None => self.task.is_some(),
         }
     }
 }
@@ -385,6 +410,8 @@ pub struct Syncer<N: NodeApi = Node> {
     feed_absent_logged: Option<String>,
     /// The primary's hot set at the last cycle, whichever exchange counted it.
     last_hot_set: u64,
+    /// One active agent per cluster (election.rs); None for `sync --once`.
+    election: Option<Election>,
 }
 
 impl<N: NodeApi> Syncer<N> {
@@ -410,7 +437,14 @@ impl<N: NodeApi> Syncer<N> {
             patient: false,
             feed_absent_logged: None,
             last_hot_set: 0,
+            election: Some(Election::default()),
         }
+    }
+
+    /// The configuration it runs with.
+    #[cfg(test)]
+    pub fn config(&self) -> Arc<Config> {
+        self.cfg.clone()
     }
 
     fn options(&self) -> ConnectOptions {
@@ -454,6 +488,13 @@ impl<N: NodeApi> Syncer<N> {
     }
 
     fn drop_primary(&mut self) {
+        let label = self.primary_label();
+        if let Some(election) = self.election.as_mut() {
+            if let Some(event) = election.session_lost() {
+                event.log(&label);
+            }
+            election.publish(&self.metrics);
+        }
         count_node_wire(&self.metrics, "primary", self.primary.as_mut());
         if self.primary.take().is_some() {
             self.metrics.set_node_up(Side::Primary, false);
@@ -629,6 +670,24 @@ impl<N: NodeApi> Syncer<N> {
         self.metrics.set_node_up(Side::Primary, true);
         self.primary = Some(node);
         Ok(())
+    }
+
+    /// The election (election.rs), `run` only: Ok while this agent holds the cluster's lock
+    /// on its primary session (a new session tries first thing). Standing by, its standby
+    /// sessions are closed (their tasks with them) and the cycle ends here, before any call
+    /// that would reset a node's change feed.
+    async fn elect(&mut self) -> Result<(), CycleError> {
+        let (Some(election), Some(primary)) = (self.election.as_mut(), self.primary.as_mut())
+        else {
+            return Ok(());
+        };
+        let result = election.contest(primary, &self.metrics).await;
+        if self.call(Who::Primary, Stage::Connect, result)? {
+            return Ok(());
+        }
+        self.drop_standbys();
+        let holder = election::describe(self.election.as_ref().and_then(Election::holder));
+        Err(CycleError::StandingBy { holder })
     }
 
     /// Turns a primary call's error into a cycle error, dropping the session if it is broken.
@@ -829,7 +888,6 @@ impl<N: NodeApi> Syncer<N> {
                 }
             }
         }
-        self.note_standbys_up();
         ended
     }
 
@@ -877,6 +935,7 @@ impl<N: NodeApi> Syncer<N> {
                 Err(e) => self.standby_trouble(i, &e),
             }
         }
+        self.note_standbys_up();
     }
 
     /// At shutdown: gives the standbys' tasks, which the cancel has reached, a moment to
@@ -929,6 +988,7 @@ impl<N: NodeApi> Syncer<N> {
         self.count_wire();
         self.refresh_topology().await?;
         self.ensure_primary().await?;
+        self.elect().await?;
         let started = Instant::now();
         let mut report = CycleReport::default();
         self.collect_late(&mut report).await;
@@ -953,6 +1013,7 @@ impl<N: NodeApi> Syncer<N> {
                 Err(e) => troubles.push((i, e)),
             }
         }
+        self.note_standbys_up();
         if ready.is_empty() {
             if report.interrupted() || self.standbys.iter().any(Slot::busy) {
                 // A standby still at work is no fault of the cycle.
@@ -1030,6 +1091,7 @@ impl<N: NodeApi> Syncer<N> {
                 Err(e) => self.standby_trouble(i, &e),
             }
         }
+        self.note_standbys_up();
         // (5) Room left, without the colder feed: colder blocks from a scan of the primary
         // for the standbys that loaded their hot blocks, in what is left of the interval, so
         // that the next cycle's hot blocks never wait for them.
@@ -1143,6 +1205,7 @@ impl<N: NodeApi> Syncer<N> {
         CycleError::Standbys {
             stage: if safety { Stage::Safety } else { stage },
             message: format!("no standby can be warmed: {message}"),
+            each: troubles.into_iter().map(|(_, e)| e).collect(),
         }
     }
 
@@ -1164,6 +1227,7 @@ impl<N: NodeApi> Syncer<N> {
             error: NodeError::NoMatch {
                 side: Side::Standby,
                 tried,
+                failures: Vec::new(),
             },
         }
     }
@@ -1462,6 +1526,7 @@ pub async fn run(
     let mut syncer = Syncer::<Node>::new(cfg.clone(), metrics.clone(), cancel.clone());
     metrics.set_stale_after(stale_after(&cfg));
     let mut backoff = Backoff::new(cfg.max_backoff);
+    let mut episode = Episode::default();
     info!(
         interval = %format_duration(cfg.interval),
         batch_blocks = cfg.batch_blocks,
@@ -1478,11 +1543,15 @@ pub async fn run(
             cfg = latest;
             syncer.reconfigure(cfg.clone());
             backoff = Backoff::new(cfg.max_backoff);
+            episode.retell();
         }
         let started = Instant::now();
         let wait = match syncer.cycle(None).await {
             Ok(report) => {
                 backoff.reset();
+                if let Some(ended) = episode.end(Instant::now()) {
+                    info!("syncing again, after {ended}");
+                }
                 log_cycle(&report);
                 notify::notify(&format!(
                     "STATUS=coverage {:.1}% of {} hot blocks, {} loaded in the last cycle",
@@ -1493,6 +1562,13 @@ pub async fn run(
                 cfg.interval.saturating_sub(started.elapsed())
             }
             Err(CycleError::Cancelled) => break,
+            Err(e @ CycleError::StandingBy { .. }) => {
+                // Not a fault: another agent warms the cluster (logged once by the election).
+                // Try for the lock again next interval.
+                backoff.reset();
+                notify::notify(&format!("STATUS=standing by: {e}"));
+                cfg.interval
+            }
             Err(CycleError::Disabled { side, host }) => {
                 // Not a fault: the operator switched CCM off. Idle at the normal pace.
                 syncer.note_disabled(side, &host);
@@ -1503,9 +1579,15 @@ pub async fn run(
                 if let Some(stage) = e.stage() {
                     metrics.cycle_error(stage);
                 }
-                let delay = backoff.next_delay().min(e.backoff_cap(&cfg));
-                let retry = format_duration(Duration::from_millis(delay.as_millis() as u64));
+                let (pace, cap) = (e.pace(), e.backoff_cap(&cfg));
+                let delay = retry::next_delay(&mut backoff, pace, cap);
+                let retry = retry::when(pace, delay, cap);
                 match &e {
+                    _ if !episode.failed(e.kind(), Instant::now()) => debug!(
+                        kind = %e.kind(),
+                        attempt = backoff.attempts(),
+                        "{e}; retrying in {retry}"
+                    ),
                     CycleError::Safety(_)
                     | CycleError::Decode(_)
                     | CycleError::Standbys {
@@ -1556,6 +1638,9 @@ pub struct SyncSummary {
     pub coverage: f64,
     /// True when the last cycle had nothing left to send.
     pub complete: bool,
+    /// The `ccm-agent run` that holds the cluster's lock (pid, application_name, client), if
+    /// one does: it keeps warming after this.
+    pub active_agent: Option<String>,
 }
 
 impl SyncSummary {
@@ -1582,6 +1667,11 @@ impl SyncSummary {
         }
         if self.recovery_conflicts > 0 {
             notes.push_str(&format!("; {} recovery conflicts", self.recovery_conflicts));
+        }
+        if let Some(agent) = &self.active_agent {
+            notes.push_str(&format!(
+                "; a ccm-agent run is active on this cluster ({agent})"
+            ));
         }
         let colder = match self.colder_sent {
             0 => String::new(),
@@ -1629,6 +1719,9 @@ pub async fn sync_once(
     let mut syncer = Syncer::<Node>::new(cfg, metrics, cancel.clone());
     // One whole warm-up is the filter exchange's job: no feed state to build first.
     syncer.feed_wanted = false;
+    // It resets no node's change feed, so it takes no part in the election (election.rs)
+    // and runs beside an active agent; it only says so.
+    syncer.election = None;
     // And every standby's share of each cycle is waited for.
     syncer.patient = true;
     let mut summary = SyncSummary::default();
@@ -1649,6 +1742,12 @@ pub async fn sync_once(
                 _ = tokio::time::sleep(interval) => {}
             }
         }
+    }
+    if let Some(primary) = syncer.primary.as_mut() {
+        summary.active_agent = election::lookup(primary)
+            .await
+            .flatten()
+            .map(|h| h.to_string());
     }
     Ok(summary)
 }
@@ -1712,6 +1811,22 @@ mod tests {
             ..cfg.as_ref().clone()
         };
         assert_eq!(unreachable.backoff_cap(&tight), Duration::from_millis(500));
+        // A connection refused is fast; a certificate that does not verify is slow.
+        let connect = |error| CycleError::Node {
+            stage: Stage::Connect,
+            side: Side::Standby,
+            error,
+        };
+        let refused = connect(NodeError::Socket {
+            host: "h:1".into(),
+            error: std::io::ErrorKind::ConnectionRefused.into(),
+        });
+        assert_eq!(refused.backoff_cap(cfg), RECONNECT_CEILING);
+        let unverified = connect(NodeError::Tls {
+            host: "h:1".into(),
+            reason: "certificate verify failed: self-signed certificate".into(),
+        });
+        assert_eq!(unverified.backoff_cap(cfg), cfg.max_backoff);
     }
 
     fn syncer() -> (Syncer, Arc<Metrics>) {
@@ -2105,5 +2220,33 @@ mod tests {
             None
         );
         assert_eq!(CycleError::Cancelled.stage(), None);
+        let standing_by = CycleError::StandingBy {
+            holder: "pid 7".into(),
+        };
+        assert_eq!(standing_by.stage(), None, "standing by is no fault");
+        assert_eq!(
+            standing_by.to_string(),
+            "another ccm-agent holds the cluster's lock on the primary (pid 7)"
+        );
+    }
+
+    #[test]
+    fn sync_once_says_which_agent_is_active() {
+        let mut s = SyncSummary {
+            cycles: 1,
+            complete: true,
+            ..Default::default()
+        };
+        assert!(!s.to_text().contains("active"));
+        s.active_agent = Some("pid 7, application_name ccm-agent".into());
+        assert!(
+            s.to_text().ends_with(
+                "; a ccm-agent run is active on this cluster (pid 7, application_name ccm-agent)"
+            ),
+            "{}",
+            s.to_text()
+        );
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["active_agent"], "pid 7, application_name ccm-agent");
     }
 }
