@@ -142,7 +142,8 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("ccm_agent");
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("ccm_agent");
         let m = Metrics {
             cycles: Counter::default(),
             cycle_errors: Family::default(),
@@ -278,11 +279,6 @@ impl Metrics {
             m.active.clone(),
         );
         registry.register(
-            "resident_memory_bytes",
-            "The agent's resident memory (VmRSS), read at every round of its loop",
-            m.resident_memory_bytes.clone(),
-        );
-        registry.register(
             "filter_bytes",
             "Size of the standby's last bloom filter",
             m.filter_bytes.clone(),
@@ -361,7 +357,17 @@ impl Metrics {
             m.retargets.get_or_create(&side_label(side)).inc_by(0);
         }
         m.enabled.set(1);
-        Metrics { registry, ..m }
+        // The process's own, under the names Prometheus' client libraries give them (the
+        // alert rules read process_resident_memory_bytes).
+        root.sub_registry_with_prefix("process").register(
+            "resident_memory_bytes",
+            "Resident memory size in bytes (VmRSS), read at every round of the agent's loop",
+            m.resident_memory_bytes.clone(),
+        );
+        Metrics {
+            registry: root,
+            ..m
+        }
     }
 
     pub fn cycle_error(&self, stage: Stage) {
@@ -774,7 +780,7 @@ mod tests {
         let rendered = m.render();
         let line = rendered
             .lines()
-            .find(|l| l.starts_with("ccm_agent_resident_memory_bytes "))
+            .find(|l| l.starts_with("process_resident_memory_bytes "))
             .expect("rendered");
         let bytes: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
         // A test process holds a few MB at least, and less than a terabyte.
