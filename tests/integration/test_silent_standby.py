@@ -20,7 +20,7 @@ Cadence is the agent's own evidence of serving a standby: ccm_agent_bytes_total{
 the bytes its session with that standby carried, as the agent counts them once per cycle; a
 rise is one cycle that talked to that standby. It is sampled every 0.1 s through the window;
 the served count must be at least window / (1.5 x interval), and the longest time without a
-rise at most 3 intervals (less than a connect timeout). Hot blocks and coverage are measured with pg_buffercache on the nodes. The
+rise at most 4.5 intervals (less than a connect timeout). Hot blocks and coverage are measured with pg_buffercache on the nodes. The
 same measurements are first taken with no standby silenced (the control), so that a failure
 in the silent window is the silent standby's doing, not the machine's.
 
@@ -56,7 +56,10 @@ INTERVAL = 1.0  # seconds, the agent's --interval
 WINDOW = 20.0  # seconds with one standby silent
 CONTROL_WINDOW = 10.0  # seconds with none silent
 CADENCE = 1.5  # the most intervals per cycle, on average, a healthy standby may wait
-LONGEST_GAP = 3  # the most intervals it may wait for any one cycle (scheduling jitter, not a timeout)
+# The most intervals a healthy standby may wait for any one cycle: a batch read from a busy
+# disk lengthens its cycle (3.5 s seen in a control window while the rest of the suite ran), a
+# connect timeout (5 s) is what the old agent made every cycle pay.
+LONGEST_GAP = 4.5
 HOT_WITHIN = 5.0  # seconds from hot on the primary to cached on a healthy standby
 STATEMENT_TIMEOUT, CONNECT_TIMEOUT = 30, 5  # seconds, the agent's defaults
 
