@@ -11,7 +11,7 @@
 //! counts its hot set (`count(*) FROM ccm_hot_buffers()`, every buffer header read and the
 //! hot ones returned as rows) and, per standby, the hot buffers missing from its filter
 //! (another sweep), and each standby sweeps its own buffers for that filter. Measured as the
-//! CPU time of the sessions' backends (/proc/<pid>/schedstat) with shared_buffers full of
+//! CPU time of the sessions' backends (/proc/<pid>/schedstat; bench/wait_look_cost.py) with shared_buffers full of
 //! hot pages, on PostgreSQL 15 and 18 at 1 GB and 2 GB, per 8 kB buffer: 2.1-2.2 µs for the
 //! hot count, 0.55-0.7 µs per standby for the missing count, 0.4-0.43 µs for the filter; the
 //! other statements 0.5 ms together. One look costs about 0.36 s of one core on the primary
