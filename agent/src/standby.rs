@@ -502,22 +502,37 @@ impl<N: NodeApi> Standby<N> {
         }
         let fpr = shared.cfg.false_positive_rate;
         let result = self.node().buffer_filter(fpr).await;
-        if let Err(error) = &result {
-            if error.class() == ErrorClass::RecoveryConflict {
-                self.recovery_conflict(&shared.metrics, error, report);
-                return Ok(Ready::Pass);
-            }
-        }
-        let (in_recovery, filter) = self.call(&shared.metrics, Stage::Filter, result)?;
-        if !in_recovery {
-            return Err(self.promoted(&shared.metrics));
-        }
+        let Some(filter) = self.in_recovery(shared, result, report)? else {
+            return Ok(Ready::Pass);
+        };
         report.filter_bytes += filter.len();
         shared
             .metrics
             .filter_bytes
             .set(saturating_i64(filter.len() as u64));
         Ok(Ready::Filter(filter))
+    }
+
+    /// A step (1) call's answer, given with the recovery state of the same instant: None after
+    /// a recovery conflict (not a fault: its share of the cycle ends), an error if the call
+    /// failed or the standby was promoted.
+    fn in_recovery<T>(
+        &mut self,
+        shared: &Shared,
+        result: Result<(bool, T), NodeError>,
+        report: &mut CycleReport,
+    ) -> Result<Option<T>, CycleError> {
+        if let Err(error) = &result {
+            if error.class() == ErrorClass::RecoveryConflict {
+                self.recovery_conflict(&shared.metrics, error, report);
+                return Ok(None);
+            }
+        }
+        let (in_recovery, answer) = self.call(&shared.metrics, Stage::Filter, result)?;
+        if !in_recovery {
+            return Err(self.promoted(&shared.metrics));
+        }
+        Ok(Some(answer))
     }
 
     /// Step (1) in feed mode: its change feed's answer, applied to the mirror. A feed that has
@@ -537,16 +552,9 @@ impl<N: NodeApi> Standby<N> {
                 .node()
                 .buffer_changes(shared.subscriber, Some(EVERY_CACHED_BLOCK), budget, false)
                 .await;
-            if let Err(error) = &result {
-                if error.class() == ErrorClass::RecoveryConflict {
-                    self.recovery_conflict(&shared.metrics, error, report);
-                    return Ok(Ready::Pass);
-                }
-            }
-            let (in_recovery, answer) = self.call(&shared.metrics, Stage::Filter, result)?;
-            if !in_recovery {
-                return Err(self.promoted(&shared.metrics));
-            }
+            let Some(answer) = self.in_recovery(shared, result, report)? else {
+                return Ok(Ready::Pass);
+            };
             note_feed_reset(&shared.metrics, &name, &answer);
             let complete = {
                 let mut mirror = shared.mirror();
