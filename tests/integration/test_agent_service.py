@@ -17,8 +17,9 @@ from harness.cluster import Cluster
 
 from test_warmup import wait_for_coverage, warm_primary
 
-# Readiness, systemd notify and the unit are the agent's own behaviour: the same on every
-# PostgreSQL version, so scripts/test.sh runs them with the oldest and the newest only.
+# Readiness, systemd notify, signals and the unit are the agent's own behaviour: the same on
+# every PostgreSQL version, so scripts/test.sh runs them with the newest only.
+pytestmark = pytest.mark.agent_only
 
 
 def write_config(path: Path, **keys: str) -> None:

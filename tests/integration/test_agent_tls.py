@@ -28,10 +28,11 @@ from harness.cluster import OS_USER, Cluster, pgbench
 
 from test_warmup import wait_for_coverage, warm_primary
 
-pytestmark = pytest.mark.xdist_group("tls")  # the module shares one TLS cluster
-
-# TLS, certificates and password files are the agent's side of the connection: the same on
-# every PostgreSQL version, so scripts/test.sh runs them with the oldest and the newest only.
+# TLS, certificates and password files are the agent's side of the connection (rustls, its
+# password file, its client certificate): the same on every PostgreSQL version, so
+# scripts/test.sh runs them with the newest only.
+pytestmark = [pytest.mark.xdist_group("tls"),  # the module shares one TLS cluster
+              pytest.mark.agent_only]
 
 # A password that needs the password file's escapes (`\:` and `\\`).
 SECRET = "pw:se\\cret#1"

@@ -19,6 +19,11 @@ from harness.cluster import Cluster, Node, coverage, multi_host_conninfo
 
 from test_warmup import warm_primary
 
+# Which standbys the agent warms, in which order, and how it keeps one's trouble its own is the
+# agent's logic: scripts/test.sh runs it on the newest version only (the extension's calls it
+# makes are every_version tests elsewhere).
+pytestmark = pytest.mark.agent_only
+
 
 def name(node: Node) -> str:
     """The standby's name in the agent's metrics, logs and `wait --member`: host:port."""

@@ -9,10 +9,16 @@ pg_buffercache on both nodes.
 
 from __future__ import annotations
 
+import pytest
+
 from harness.agent import AgentProcess
 from harness.cluster import coverage
 
 from test_warmup import wait_hot
+
+# The agent reads replay lag from pg_stat_replication and pg_last_wal_replay_lsn(), the same on
+# every supported version: scripts/test.sh runs this on the newest only.
+pytestmark = pytest.mark.agent_only
 
 BATCH = 64
 
