@@ -21,10 +21,11 @@
 #     run once, with 15.
 # The integration tests of a version run in PYTEST_WORKERS parallel pytest-xdist workers (most
 # of them wait on replication and the agent's timers); tests that share a module's cluster stay
-# on one worker (xdist_group). Each version's integration tests, and the container tests, run in
-# the background from the moment that version is installed, beside the next versions' builds;
-# their output is printed as each ends. A version that cannot be had on this machine is reported
-# in one line and skipped.
+# on one worker (xdist_group). Each version's integration tests run in the background from the
+# moment that version is installed, beside the next versions' builds, the newest version first
+# (it runs the most); the container tests from the first install on, on a release build made in
+# the background since the set-up. Their output is printed as each ends. A version that cannot
+# be had on this machine is reported in one line and skipped.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -60,9 +61,20 @@ done
 [ -n "$versions" ] || { echo "no PostgreSQL version to test" >&2; exit 1; }
 oldest=$(echo "$versions" | head -n 1)
 newest=$(echo "$versions" | tail -n 1)
+# The newest version first: its integration tests are the most (the `agent_only` ones run there
+# only), so they start first; then the others from the oldest.
+versions=$(echo "$newest"; echo "$versions" | grep -vx "$newest" || true)
 [ "$QUICK" = 1 ] && versions=$newest
 
 [ "$oldest" = 15 ] || containers=0
+# The container images hold a release build of the extension for Debian's PostgreSQL 15 and of
+# ccm-agent (docker/stage-artifacts.sh): compiled from here on, beside the unit tests and the
+# first version's builds, so that the container tests find it done and start with Docker's work.
+# (Cargo locks each profile's build directory: the dev-profile builds go on meanwhile.)
+RELEASE_BUILD="container images: release build of pg_ccm (PostgreSQL 15) and ccm-agent"
+if [ "$containers" = 1 ]; then
+    phase_start "$RELEASE_BUILD" "$ROOT/docker/stage-artifacts.sh" "$ROOT/target/container-stage"
+fi
 
 phase "unit tests (codec, walcache, agent)" cargo test --locked -p ccm-codec -p ccm-walcache -p ccm-agent
 
@@ -92,11 +104,13 @@ for version in $versions; do
             bash -c "cd extension && RUST_TEST_THREADS=1 cargo pgrx test pg$version --runas postgres --pgdata $PGRX_TEST_DIR/data"
     fi
     phase "PostgreSQL $version: build and install (test build)" "$ROOT/scripts/install.sh" --pg "$version" --test-build
-    if [ "$version" = 15 ] && [ "$containers" = 1 ]; then
+    if [ "$containers" = 1 ] && [ "$version" = "$newest" ]; then
         # Docker's compose stacks, Patroni and the packages mostly wait for containers: they go
         # on beside the other versions' builds and tests, in ports of their own (at most 4
-        # versions take 3,000 ports each from 20000).
+        # versions take 3,000 ports each from 20000). They need Debian's PostgreSQL 15 and the
+        # release build, not this version's install: they start after the first version's.
         phase_wait "container images: base layers"
+        phase_wait "$RELEASE_BUILD"
         phase_start "PostgreSQL 15: container tests (compose, Patroni, packages)" \
             env PG_BIN="$(pg_bindir 15)" PG_CCM_PORTS=29000:3000 python3 -m pytest -p no:cacheprovider -v \
             --durations=15 -n 3 --dist loadgroup -m container tests/integration "$@"
