@@ -23,8 +23,8 @@
 # of them wait on replication and the agent's timers); tests that share a module's cluster stay
 # on one worker (xdist_group). Each version's integration tests run in the background from the
 # moment that version is installed, beside the next versions' builds, the newest version first
-# (it runs the most); the container tests from the first install on, on a release build made in
-# the background since the set-up. Their output is printed as each ends. A version that cannot
+# (it runs the most); the container tests from the set-up on. Their output is printed as each
+# ends. A version that cannot
 # be had on this machine is reported in one line and skipped.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -44,10 +44,12 @@ phase "set-up: packages (scripts/setup.sh --packages-only)" "$ROOT/scripts/setup
 # The container images' parts that need nothing of this build (Debian root file systems,
 # Patroni's wheels) are made beside the PostgreSQL and cargo-pgrx builds; the tests add pg_ccm
 # to them. (Decided on the wanted versions: the container tests run with 15.)
-containers=0
+# (Image builds take a lock that the tests' own builds take too: tests/harness/docker.py.)
+DOCKER_LOCK=${TMPDIR:-/tmp}/pg_ccm-docker-build.lock
+containers=0 base_layers=0
 if [ "$QUICK" = 0 ] && [ "$(wanted_pg_versions | head -n 1)" = 15 ] && docker info >/dev/null 2>&1; then
-    containers=1
-    phase_start "container images: base layers" "$ROOT/docker/build-patroni-image.sh" --base-only
+    containers=1 base_layers=1
+    phase_start "container images: base layers" flock "$DOCKER_LOCK" "$ROOT/docker/build-patroni-image.sh" --base-only
 fi
 phase "set-up: PostgreSQL builds, cargo-pgrx (scripts/setup.sh)" "$ROOT/scripts/setup.sh"
 
@@ -67,13 +69,22 @@ versions=$(echo "$newest"; echo "$versions" | grep -vx "$newest" || true)
 [ "$QUICK" = 1 ] && versions=$newest
 
 [ "$oldest" = 15 ] || containers=0
-# The container images hold a release build of the extension for Debian's PostgreSQL 15 and of
-# ccm-agent (docker/stage-artifacts.sh): compiled from here on, beside the unit tests and the
-# first version's builds, so that the container tests find it done and start with Docker's work.
-# (Cargo locks each profile's build directory: the dev-profile builds go on meanwhile.)
-RELEASE_BUILD="container images: release build of pg_ccm (PostgreSQL 15) and ccm-agent"
+# The container tests need Debian's PostgreSQL 15, the base layers and a release build of the
+# extension and ccm-agent (docker/stage-artifacts.sh), none of this checkout's test builds: they
+# start right after the set-up, in the background, compile that release build beside the unit
+# tests and the first version's builds (cargo locks each profile's build directory: the
+# dev-profile builds go on meanwhile), wait for the base layers, then run. Docker's compose
+# stacks, Patroni and the packages mostly wait for containers, in ports of their own (at most 4
+# versions take 3,000 ports each from 20000).
+CONTAINER_TESTS="PostgreSQL 15: container tests (release build, images, compose, Patroni, packages)"
+container_tests() {
+    "$ROOT/docker/stage-artifacts.sh" "$ROOT/target/container-stage" &&
+        flock "$DOCKER_LOCK" "$ROOT/docker/build-patroni-image.sh" --base-only &&
+        env PG_BIN="$(pg_bindir 15)" PG_CCM_PORTS=29000:3000 python3 -m pytest -p no:cacheprovider -v \
+            --durations=15 -n 3 --dist loadgroup -m container tests/integration "$@"
+}
 if [ "$containers" = 1 ]; then
-    phase_start "$RELEASE_BUILD" "$ROOT/docker/stage-artifacts.sh" "$ROOT/target/container-stage"
+    phase_start "$CONTAINER_TESTS" container_tests "$@"
 fi
 
 phase "unit tests (codec, walcache, agent)" cargo test --locked -p ccm-codec -p ccm-walcache -p ccm-agent
@@ -104,17 +115,6 @@ for version in $versions; do
             bash -c "cd extension && RUST_TEST_THREADS=1 cargo pgrx test pg$version --runas postgres --pgdata $PGRX_TEST_DIR/data"
     fi
     phase "PostgreSQL $version: build and install (test build)" "$ROOT/scripts/install.sh" --pg "$version" --test-build
-    if [ "$containers" = 1 ] && [ "$version" = "$newest" ]; then
-        # Docker's compose stacks, Patroni and the packages mostly wait for containers: they go
-        # on beside the other versions' builds and tests, in ports of their own (at most 4
-        # versions take 3,000 ports each from 20000). They need Debian's PostgreSQL 15 and the
-        # release build, not this version's install: they start after the first version's.
-        phase_wait "container images: base layers"
-        phase_wait "$RELEASE_BUILD"
-        phase_start "PostgreSQL 15: container tests (compose, Patroni, packages)" \
-            env PG_BIN="$(pg_bindir 15)" PG_CCM_PORTS=29000:3000 python3 -m pytest -p no:cacheprovider -v \
-            --durations=15 -n 3 --dist loadgroup -m container tests/integration "$@"
-    fi
     scope=$(pytest_scope "$version")
     # In the background too: the next version's builds go on meanwhile (they compute, these
     # tests mostly wait); each version has ports of its own.
@@ -124,9 +124,8 @@ for version in $versions; do
         --durations=15 -n "$PYTEST_WORKERS" --dist loadgroup -m "$scope" tests/integration "$@"
     started+=("PostgreSQL $version: integration tests ($scope)")
 done
-if [ "$containers" = 1 ]; then
-    started+=("PostgreSQL 15: container tests (compose, Patroni, packages)")
-fi
+[ "$base_layers" = 0 ] || started+=("container images: base layers")
+[ "$containers" = 0 ] || started+=("$CONTAINER_TESTS")
 status=0
 for name in "${started[@]}"; do
     phase_wait "$name" || status=$?
