@@ -25,6 +25,7 @@ use crate::conninfo::{ConnInfo, HostSpec};
 use crate::election::Holder;
 use crate::metrics::coverage;
 use crate::node::{self, CcmStatus, ConnectOptions, Node, NodeError, Side, WalCacheStatus};
+use crate::patroni;
 use crate::topology::{self, Topology};
 
 /// The false positive rate of the filter status asks for: lower than the loop's, because
@@ -285,6 +286,8 @@ fn note_error(report: &mut StatusReport, error: NodeError) -> bool {
 pub struct Looker {
     cfg: Arc<Config>,
     cancel: CancellationToken,
+    /// Kept from look to look, as the sessions are: it asks the Patroni URL that answered last.
+    patroni: patroni::Client,
     primary: Option<Kept>,
     standbys: Vec<Kept>,
 }
@@ -316,6 +319,7 @@ impl Looker {
         Looker {
             cfg,
             cancel,
+            patroni: patroni::Client::new(),
             primary: None,
             standbys: Vec::new(),
         }
@@ -326,7 +330,7 @@ impl Looker {
     pub async fn gather(&mut self) -> StatusReport {
         let mut report = StatusReport::default();
         let topology =
-            match topology::discover(&self.cfg, self.cfg.connect_timeout, &self.cancel).await {
+            match topology::discover(&self.cfg, &self.patroni, self.cfg.connect_timeout, &self.cancel).await {
                 Ok(t) => t,
                 Err(e) => {
                     report.problems.push(format!("topology: {e}"));
@@ -686,7 +690,8 @@ fn promoted(report: &mut StatusReport, standby: &mut Reached) {
 /// print, and whether all is well.
 pub async fn check_connections(cfg: Arc<Config>, cancel: CancellationToken) -> (Vec<String>, bool) {
     let mut lines = Vec::new();
-    let topology = match topology::discover(&cfg, cfg.connect_timeout, &cancel).await {
+    let patroni = patroni::Client::new();
+    let topology = match topology::discover(&cfg, &patroni, cfg.connect_timeout, &cancel).await {
         Ok(t) => t,
         Err(e) => return (vec![format!("topology: FAILED: {e}")], false),
     };

@@ -67,6 +67,7 @@ use crate::metrics::{coverage, saturating_i64, Metrics, Stage};
 use crate::node::{self, ConnectOptions, Node, NodeError, Side, WalSource};
 use crate::nodeapi::NodeApi;
 use crate::notify;
+use crate::patroni;
 use crate::retry::{self, Episode, Kind, Pace};
 use crate::standby::{
     self, addresses, answer_bytes, count_node_wire, note_feed_reset, unused_room, Done,
@@ -394,6 +395,9 @@ pub struct Syncer<N: NodeApi = Node> {
     last_primary_host: Option<String>,
     /// Patroni's leader at the last look.
     leader: Option<String>,
+    /// The REST API client: it asks the Patroni URL that answered last first, so a dead
+    /// member costs its timeout once, not every cycle.
+    patroni: patroni::Client,
     standbys: Vec<Slot<N>>,
     /// Patroni members left out, as last logged.
     excluded: Vec<(String, String)>,
@@ -428,6 +432,7 @@ impl<N: NodeApi> Syncer<N> {
             primary_cursor: None,
             last_primary_host: None,
             leader: None,
+            patroni: patroni::Client::new(),
             standbys: Vec::new(),
             excluded: Vec::new(),
             disabled_logged: false,
@@ -536,7 +541,7 @@ impl<N: NodeApi> Syncer<N> {
     async fn refresh_topology(&mut self) -> Result<(), CycleError> {
         let discovered = tokio::select! {
             _ = self.cancel.cancelled() => return Err(CycleError::Cancelled),
-            t = topology::discover(&self.cfg, self.cfg.connect_timeout, &self.cancel) => t,
+            t = topology::discover(&self.cfg, &self.patroni, self.cfg.connect_timeout, &self.cancel) => t,
         };
         let topology = match discovered {
             Ok(topology) => topology,

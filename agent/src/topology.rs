@@ -6,8 +6,8 @@
 //! over for that cycle). With `--patroni` the REST API's `GET /cluster` says it, every
 //! cycle: the leader is the primary, and the members that may become leader are the
 //! targets, in Patroni's `failover_priority` order; `nofailover` members are left alone
-//! unless `warm_nofailover` is set; one Patroni client serves the process, so the REST API
-//! URL that answered last is asked first (patroni.rs). Either way the agent still checks
+//! unless `warm_nofailover` is set; the caller's Patroni client (the sync loop's, the status
+//! looker's) asks the REST API URL that answered last first (patroni.rs). Either way the agent still checks
 //! every node's role, system identifier and timeline itself (sync.rs): Patroni's word is a
 //! map, not a proof.
 
@@ -51,20 +51,19 @@ pub enum TopologyError {
     LeaderWithoutAddress { url: String, name: String },
 }
 
-/// The process's Patroni client: it asks the REST API URL that answered last first, so a
-/// member that is down costs its timeout once, not on every call.
-static PATRONI: patroni::Client = patroni::Client::new();
-
-/// The topology this cycle, from the configuration or from Patroni.
+/// The topology this cycle, from the configuration or from Patroni through `client`, which
+/// the caller keeps from call to call: it asks the REST API URL that answered last first, so
+/// a member that is down costs its timeout once, not on every call.
 pub async fn discover(
     cfg: &Config,
+    client: &patroni::Client,
     timeout: Duration,
     cancel: &CancellationToken,
 ) -> Result<Topology, TopologyError> {
     let Some(source) = &cfg.patroni else {
         return Ok(from_conninfo(cfg));
     };
-    let cluster = PATRONI
+    let cluster = client
         .fetch_cluster(&source.urls, &source.tls, timeout, cancel)
         .await?;
     from_patroni(&cluster, &source.member, source.warm_nofailover)
