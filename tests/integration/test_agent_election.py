@@ -3,15 +3,20 @@ per member, a blue/green upgrade, a forgotten test agent) elect one through a se
 advisory lock on the primary. The others stand by: /readyz 503 naming the holder,
 ccm_agent_active 0, and no call that would reset a node's change feed. Killing the active
 agent hands the lock to another within two intervals and a margin, and warming goes on. A
-failover moves the election to the new primary.
+failover moves the election to the new primary. An agent cut off from the primary (its packets
+dropped, nothing closed) loses the lock when the primary's keepalives give up on its session,
+and another takes over.
 
 Without the election every agent's feed call resets every node's feed (another subscriber),
 so the reset counters climb every cycle: the storm this test must not see."""
 
 from __future__ import annotations
 
+import shutil
 import signal
+import subprocess
 import time
+import uuid
 
 from harness.agent import AgentProcess, run_agent, run_agent_json
 from harness.cluster import coverage, multi_host_conninfo
@@ -210,6 +215,104 @@ def test_a_failover_moves_the_election_to_the_new_primary(cluster, log_dir):
         # No standby is left to warm, so `status` reports a problem, and still names the holder.
         text = run_agent("status", "--primary", old_standby.conninfo(), "--standby", old_standby.conninfo()).stdout
         assert f"application_name {new_winner}" in text, text
+    finally:
+        for agent in agents.values():
+            agent.stop()
+
+
+# The primary ends a silent agent's session after the keepalives election.rs sets: 10 s idle,
+# then 3 probes 5 s apart (or 25 s of unacknowledged data).
+KEEPALIVE_LIMIT = 10 + 3 * 5
+NOBODY_UID = 65534  # the cut-off agent's user: the cut drops this user's packets only
+
+
+class Cut:
+    """Drops every packet that processes of `uid` send to 127.0.0.1:`port` (iptables, owner
+    match): the agent running as that user is cut off from the primary, the way a host that
+    drops off the network is, with nothing closed; its acknowledgements of the primary's
+    keepalive probes are dropped too, so only the primary's keepalives can end its session."""
+
+    def __init__(self, uid: int, port: int):
+        self.rule = ["OUTPUT", "-o", "lo", "-p", "tcp", "-d", "127.0.0.1", "--dport", str(port), "-m", "owner",
+                     "--uid-owner", str(uid), "-m", "comment", "--comment", f"pg_ccm-test-{uuid.uuid4().hex[:8]}",
+                     "-j", "DROP"]
+        self.active = False
+
+    def __enter__(self) -> "Cut":
+        subprocess.run(["iptables", "-I", *self.rule], check=True, capture_output=True)
+        self.active = True
+        return self
+
+    def heal(self) -> None:
+        if self.active:
+            subprocess.run(["iptables", "-D", *self.rule], check=True, capture_output=True)
+            self.active = False
+
+    def __exit__(self, *exc) -> None:
+        self.heal()
+
+
+def can_cut() -> bool:
+    """Root with iptables and its owner match (a probe rule added and deleted)."""
+    if shutil.which("iptables") is None or shutil.which("setpriv") is None:
+        return False
+    try:
+        with Cut(NOBODY_UID, 1):
+            pass
+    except (subprocess.CalledProcessError, PermissionError):
+        return False
+    return True
+
+
+def test_an_agent_cut_off_from_the_primary_loses_the_lock_to_another(cluster, log_dir):
+    """The active agent runs as `nobody`; its packets to the primary are dropped. The
+    primary's keepalives end its session within KEEPALIVE_LIMIT, the lock goes with it, and the
+    other agent takes over. Healed, the cut-off agent stands by. (Without the keepalives the
+    session, and the lock, would stay for the kernel's default two hours.)"""
+    if not can_cut():
+        pytest.skip("needs root, iptables with the owner match, and setpriv")
+    cut_name, other_name = NAMES[:2]
+    agents = {
+        cut_name: AgentProcess(cluster.primary.conninfo(application_name=cut_name, connect_timeout=2),
+                               cluster.standby.conninfo(application_name=cut_name, connect_timeout=2),
+                               log_dir, interval=f"{int(INTERVAL * 1000)}ms",
+                               launcher=["setpriv", f"--reuid={NOBODY_UID}", f"--regid={NOBODY_UID}",
+                                         "--clear-groups"], env={"HOME": "/nonexistent"}).start(),
+    }
+    try:
+        wait_one_active(agents, timeout=6 * INTERVAL + 2)
+        agents[other_name] = AgentProcess(cluster.primary.conninfo(application_name=other_name),
+                                          cluster.standby.conninfo(application_name=other_name),
+                                          log_dir, interval=f"{int(INTERVAL * 1000)}ms").start()
+        agents[other_name].wait_for(lambda: agents[other_name].readiness()[0] == 503, "/readyz to say standby")
+        assert lock_holder_on(cluster.primary) == cut_name
+
+        with Cut(NOBODY_UID, cluster.primary.port) as cut:
+            cut_at = time.monotonic()
+            wait_for("the lock to leave the cut-off agent's session", lambda: lock_holder_on(cluster.primary) != cut_name,
+                     timeout=KEEPALIVE_LIMIT + 30, interval=0.25, describe=lambda: f"agents: {figures(agents)}")
+            agents[other_name].wait_for(lambda: active(agents[other_name]) == 1, "the other agent to take over",
+                                        timeout=10)
+            takeover = time.monotonic() - cut_at
+            print(f"takeover {takeover:.1f} s after the cut (keepalives {KEEPALIVE_LIMIT} s, interval {INTERVAL} s)")
+            assert takeover <= KEEPALIVE_LIMIT + 2 * INTERVAL + 5, f"takeover took {takeover:.1f} s"
+            assert lock_holder_on(cluster.primary) == other_name
+            # The cut-off agent finds out by itself: its session times out, it reconnects in vain.
+            agents[cut_name].wait_for(lambda: active(agents[cut_name]) == 0, "the cut-off agent to stop being active",
+                                      timeout=60)
+            cut.heal()
+
+        # Healed, it reconnects and stands by behind the new holder; exactly one stays active.
+        def standing_by_behind(agent: AgentProcess, holder: str) -> bool:
+            status, body = agent.readiness()
+            return status == 503 and bool(body.get("standby")) and holder in (body.get("active_agent") or "")
+
+        agents[cut_name].wait_for(lambda: standing_by_behind(agents[cut_name], other_name),
+                                  "the healed agent to stand by behind the new holder", timeout=60)
+        assert the_active_one(agents) == other_name, figures(agents)
+        resets = agents[other_name].metric("ccm_agent_feed_resets_total")
+        time.sleep(3)
+        assert agents[other_name].metric("ccm_agent_feed_resets_total") == resets, figures(agents)
     finally:
         for agent in agents.values():
             agent.stop()
