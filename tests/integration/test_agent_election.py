@@ -18,7 +18,7 @@ import subprocess
 import time
 import uuid
 
-from harness.agent import AgentProcess, run_agent, run_agent_json
+from harness.agent import AgentProcess, agent_command, run_agent, run_agent_json
 from harness.cluster import coverage, multi_host_conninfo
 from harness.wait import wait_for
 
@@ -252,14 +252,19 @@ class Cut:
         self.heal()
 
 
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY_UID}", f"--regid={NOBODY_UID}", "--clear-groups"]
+
+
 def can_cut() -> bool:
-    """Root with iptables and its owner match (a probe rule added and deleted)."""
+    """Root with iptables and its owner match (a probe rule added and deleted), and an agent
+    binary that `nobody` may run (a checkout under a private home directory is not)."""
     if shutil.which("iptables") is None or shutil.which("setpriv") is None:
         return False
     try:
         with Cut(NOBODY_UID, 1):
             pass
-    except (subprocess.CalledProcessError, PermissionError):
+        subprocess.run([*AS_NOBODY, *agent_command("--version")], check=True, capture_output=True, timeout=30)
+    except (subprocess.CalledProcessError, PermissionError, OSError):
         return False
     return True
 
@@ -270,14 +275,13 @@ def test_an_agent_cut_off_from_the_primary_loses_the_lock_to_another(cluster, lo
     other agent takes over. Healed, the cut-off agent stands by. (Without the keepalives the
     session, and the lock, would stay for the kernel's default two hours.)"""
     if not can_cut():
-        pytest.skip("needs root, iptables with the owner match, and setpriv")
+        pytest.skip("needs root, iptables with the owner match, setpriv, and an agent binary that nobody may run")
     cut_name, other_name = NAMES[:2]
     agents = {
         cut_name: AgentProcess(cluster.primary.conninfo(application_name=cut_name, connect_timeout=2),
                                cluster.standby.conninfo(application_name=cut_name, connect_timeout=2),
                                log_dir, interval=f"{int(INTERVAL * 1000)}ms",
-                               launcher=["setpriv", f"--reuid={NOBODY_UID}", f"--regid={NOBODY_UID}",
-                                         "--clear-groups"], env={"HOME": "/nonexistent"}).start(),
+                               launcher=AS_NOBODY, env={"HOME": "/nonexistent"}).start(),
     }
     try:
         wait_one_active(agents, timeout=6 * INTERVAL + 2)
