@@ -144,8 +144,8 @@ def test_hottest_blocks_win_when_the_standby_is_smaller(log_dir):
             for reads, table in ((5, "hot5"), (4, "hot4")):
                 for _ in range(reads):
                     conn.execute(f"SELECT count(*) FROM {table}")
-        hot5 = {b for b in primary.cached_blocks(min_usage=5) if b[2] == primary.one("SELECT pg_relation_filenode('hot5')::int8")}
-        hot4_rel = primary.one("SELECT pg_relation_filenode('hot4')::int8")
+        hot5_rel, hot4_rel = (primary.one(f"SELECT pg_relation_filenode('{t}')::int8") for t in ("hot5", "hot4"))
+        hot5 = {b for b in primary.cached_blocks(min_usage=5) if b[2] == hot5_rel}
         hot4 = {b for b in primary.cached_blocks(min_usage=4) if b[2] == hot4_rel}
         assert len(hot5) > 4000 and len(hot4) > 4000, (len(hot5), len(hot4))
 
