@@ -4,26 +4,37 @@
 # version and an upgrade script. Run with --write to regenerate the current version.
 #
 #   scripts/check-sql.sh [--pg N] [--write]
+#   scripts/check-sql.sh [--pg N] --generated FILE
 #
 # The script is the same for every PostgreSQL version (nothing in the SQL surface depends on
 # it), so each version's generated schema is checked against the one file; N defaults to 15.
+# --generated checks FILE, the schema a build already generated (`cargo pgrx package` writes
+# it beside the library: scripts/test.sh passes the test build's, whose failpoints feature
+# adds no SQL), instead of building the extension once more for `cargo pgrx schema`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PG_MAJOR=15
 WRITE=0
+FROM_BUILD=
 while [ $# -gt 0 ]; do
     case "$1" in
         --pg) PG_MAJOR=${2:?--pg needs a version}; shift 2 ;;
         --write) WRITE=1; shift ;;
-        *) echo "usage: $0 [--pg N] [--write]" >&2; exit 2 ;;
+        --generated) FROM_BUILD=${2:?--generated needs a file}; shift 2 ;;
+        *) echo "usage: $0 [--pg N] [--write | --generated FILE]" >&2; exit 2 ;;
     esac
 done
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n1)
 CHECKED_IN="$ROOT/sql/pg_ccm--${VERSION}.sql"
 GENERATED=$(mktemp)
 trap 'rm -f "$GENERATED"' EXIT
-(cd "$ROOT/extension" && cargo pgrx schema "pg$PG_MAJOR" --out "$GENERATED" >/dev/null 2>&1) \
-    || (cd "$ROOT/extension" && cargo pgrx schema "pg$PG_MAJOR" --out "$GENERATED")
+if [ -n "$FROM_BUILD" ]; then
+    [ -s "$FROM_BUILD" ] || { echo "$FROM_BUILD: no generated schema there" >&2; exit 1; }
+    cp "$FROM_BUILD" "$GENERATED"
+else
+    (cd "$ROOT/extension" && cargo pgrx schema "pg$PG_MAJOR" --out "$GENERATED" >/dev/null 2>&1) \
+        || (cd "$ROOT/extension" && cargo pgrx schema "pg$PG_MAJOR" --out "$GENERATED")
+fi
 # pgrx stamps source locations; they move with every edit and say nothing about the schema.
 normalize() { sed -E 's#^(/\*|--) ?[a-z_/]+\.rs:[0-9]+.*$#\1 (location)#' "$1"; }
 if [ "$WRITE" = 1 ]; then

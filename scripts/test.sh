@@ -11,14 +11,13 @@
 #   PG_VERSIONS="15 18" scripts/test.sh          a narrower matrix
 #
 # Which integration tests run on which version (markers in tests/conftest.py):
-#   - every test runs on the oldest and the newest version installed, but those marked
-#     `agent_only` (the agent's own behaviour, whatever the server) on the newest only;
-#   - the versions between them (17, built with assertions: scripts/build-postgres.sh) run the
+#   - every test runs on the newest version installed;
+#   - the other versions (15; 17, built with assertions: scripts/build-postgres.sh) run the
 #     tests marked `every_version`, those that go through version-specific code (compat.rs:
 #     buffer tags, read streams, asynchronous I/O, the prewarm workers) or that exercise the
 #     extension's memory handling, which the assertion-enabled server checks;
-#   - `container` tests (the Debian 12 image and packages, which hold Debian's PostgreSQL 15)
-#     run once, with 15.
+#   - `container` tests (the Debian 12 image and packages, which hold Debian's PostgreSQL 15:
+#     compose and Patroni clusters that warm, fail over and rejoin) run once, with 15.
 # The integration tests of a version run in PYTEST_WORKERS parallel pytest-xdist workers (most
 # of them wait on replication and the agent's timers); tests that share a module's cluster stay
 # on one worker (xdist_group). Each version's integration tests run in the background from the
@@ -90,11 +89,11 @@ fi
 phase "unit tests (codec, walcache, agent)" cargo test --locked -p ccm-codec -p ccm-walcache -p ccm-agent
 
 PGRX_TEST_DIR=/tmp/pg_ccm-pgrx-test
+EXT_VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n 1)
 started=()
 pytest_scope() {  # VERSION: the -m expression of its integration tests (containers apart)
     local version=$1 scope=("not container")
-    [ "$version" = "$oldest" ] || [ "$version" = "$newest" ] || scope+=("every_version")
-    [ "$version" = "$newest" ] || scope+=("not agent_only")
+    [ "$version" = "$newest" ] || scope+=("every_version" "not agent_only")
     [ "$QUICK" = 0 ] || scope+=("smoke")
     local joined="" term
     for term in "${scope[@]}"; do joined="${joined:+$joined and }$term"; done
@@ -103,11 +102,6 @@ pytest_scope() {  # VERSION: the -m expression of its integration tests (contain
 
 for version in $versions; do
     if [ "$QUICK" = 0 ]; then
-        # The install script is one file for every version, and the SQL surface depends on
-        # none: checked against the oldest and the newest version's generated schema.
-        if [ "$version" = "$oldest" ] || [ "$version" = "$newest" ]; then
-            phase "PostgreSQL $version: install script matches the code" "$ROOT/scripts/check-sql.sh" --pg "$version"
-        fi
         rm -rf "$PGRX_TEST_DIR" && install -d -o postgres -g postgres "$PGRX_TEST_DIR"
         # One test at a time: several tests compare two scans of the one buffer pool, which a
         # concurrent test's reads would change.
@@ -115,6 +109,14 @@ for version in $versions; do
             bash -c "cd extension && RUST_TEST_THREADS=1 cargo pgrx test pg$version --runas postgres --pgdata $PGRX_TEST_DIR/data"
     fi
     phase "PostgreSQL $version: build and install (test build)" "$ROOT/scripts/install.sh" --pg "$version" --test-build
+    if [ "$QUICK" = 0 ] && { [ "$version" = "$oldest" ] || [ "$version" = "$newest" ]; }; then
+        # The install script is one file for every version, and the SQL surface depends on
+        # none: checked against the schema the oldest and the newest version's builds generate
+        # (the test build's, which install.sh leaves in target/install-pgN).
+        generated="$ROOT/target/install-pg$version$("$(pg_config_of "$version")" --sharedir)/extension/pg_ccm--$EXT_VERSION.sql"
+        phase "PostgreSQL $version: install script matches the code" \
+            "$ROOT/scripts/check-sql.sh" --pg "$version" --generated "$generated"
+    fi
     scope=$(pytest_scope "$version")
     # In the background too: the next version's builds go on meanwhile (they compute, these
     # tests mostly wait); each version has ports of its own.

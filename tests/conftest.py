@@ -11,7 +11,7 @@ def pytest_configure(config):
         "markers", "container: runs Docker images built on Debian 12's PostgreSQL 15 (scripts/test.sh: with 15 only)")
     config.addinivalue_line(
         "markers", "every_version: goes through version-specific code or the extension's memory handling "
-                   "(scripts/test.sh: on every version; the others run on the oldest and the newest)")
+                   "(scripts/test.sh: on every version; the others run on the newest only)")
     config.addinivalue_line(
         "markers", "smoke: the quick loop's subset (scripts/test.sh --quick)")
     config.addinivalue_line(

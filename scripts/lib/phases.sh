@@ -12,8 +12,8 @@ PHASES_T0=${PHASES_T0:-$(date +%s)}
 PHASES_ROWS=()
 declare -A PHASES_PID=() PHASES_LOG=() PHASES_BEGIN=()
 
-_phase_row() {  # NAME BEGIN STATUS [NOTE]
-    PHASES_ROWS+=("$1|$(( $2 - PHASES_T0 ))|$(( $(date +%s) - $2 ))|$3|${4:-}")
+_phase_row() {  # NAME BEGIN STATUS [NOTE [END]]
+    PHASES_ROWS+=("$1|$(( $2 - PHASES_T0 ))|$(( ${5:-$(date +%s)} - $2 ))|$3|${4:-}")
 }
 
 phase() {
@@ -33,7 +33,8 @@ phase_start() {
     printf '\n==> %s (in the background)\n' "$name"
     PHASES_BEGIN[$name]=$(date +%s)
     PHASES_LOG[$name]=$log
-    "$@" > "$log" 2>&1 &
+    # Its end is noted when it ends, not when it is awaited.
+    ( status=0; "$@" || status=$?; date +%s > "$log.end"; exit "$status" ) > "$log" 2>&1 &
     PHASES_PID[$name]=$!
 }
 
@@ -43,8 +44,9 @@ phase_wait() {
     wait "${PHASES_PID[$name]}" || status=$?
     printf '\n==> %s (background, finished)\n' "$name"
     cat "${PHASES_LOG[$name]}"
-    rm -f "${PHASES_LOG[$name]}"
-    _phase_row "$name" "${PHASES_BEGIN[$name]}" "$status" "background"
+    _phase_row "$name" "${PHASES_BEGIN[$name]}" "$status" "background" \
+        "$(cat "${PHASES_LOG[$name]}.end" 2>/dev/null || date +%s)"
+    rm -f "${PHASES_LOG[$name]}" "${PHASES_LOG[$name]}.end"
     unset "PHASES_PID[$name]"
     return "$status"
 }
@@ -56,7 +58,7 @@ phase_stop_background() {
         kill -TERM "${PHASES_PID[$name]}" 2>/dev/null || true
         wait "${PHASES_PID[$name]}" 2>/dev/null || true
         _phase_row "$name" "${PHASES_BEGIN[$name]}" "stopped" "background, stopped after a failure"
-        rm -f "${PHASES_LOG[$name]}"
+        rm -f "${PHASES_LOG[$name]}" "${PHASES_LOG[$name]}.end"
     done
 }
 
