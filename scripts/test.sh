@@ -21,9 +21,9 @@
 # The integration tests of a version run in PYTEST_WORKERS parallel pytest-xdist workers (most
 # of them wait on replication and the agent's timers); tests that share a module's cluster stay
 # on one worker (xdist_group). Each version's integration tests run in the background from the
-# moment that version is installed, beside the next versions' builds, the newest version first
-# (it runs the most); the container tests from the set-up on. Their output is printed as each
-# ends. A version that cannot
+# moment that version is installed, beside the next versions' builds (oldest first: the
+# newest runs the most tests, and they would slow the other versions' builds); the container
+# tests from the set-up on. Their output is printed as each ends. A version that cannot
 # be had on this machine is reported in one line and skipped.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -62,9 +62,6 @@ done
 [ -n "$versions" ] || { echo "no PostgreSQL version to test" >&2; exit 1; }
 oldest=$(echo "$versions" | head -n 1)
 newest=$(echo "$versions" | tail -n 1)
-# The newest version first: its integration tests are the most (the `agent_only` ones run there
-# only), so they start first; then the others from the oldest.
-versions=$(echo "$newest"; echo "$versions" | grep -vx "$newest" || true)
 [ "$QUICK" = 1 ] && versions=$newest
 
 [ "$oldest" = 15 ] || containers=0
