@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.docker import build_images, compose_command, docker_engine_runs
+from harness.docker import ComposeProject, build_images, docker_engine_runs
 from harness.prometheus import PrometheusAPI, load_rules, rules_of
 from harness.wait import wait_for as poll
 
@@ -29,18 +29,12 @@ pytestmark = [
 ]
 
 
-class Compose:
+class Compose(ComposeProject):
     def __init__(self) -> None:
-        self.base = [*compose_command(), "-p", f"pgccm{uuid.uuid4().hex[:8]}", "-f", str(ROOT / "docker-compose.yml")]
-
-    def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        if check and result.returncode != 0:
-            raise RuntimeError(f"{' '.join(args)}: {result.stdout}\n{result.stderr}")
-        return result
+        super().__init__(f"pgccm{uuid.uuid4().hex[:8]}", ROOT / "docker-compose.yml")
 
     def sql(self, host: str, query: str) -> str:
-        return self.run("exec", "-T", "pgbench", "psql", "-h", host, "-U", "postgres", "-Atq", "-c", query).stdout.strip()
+        return self.exec("pgbench", "psql", "-h", host, "-U", "postgres", "-Atq", "-c", query).stdout.strip()
 
     def blocks(self, host: str, min_usage: int) -> set[str]:
         out = self.sql(host, "SELECT concat_ws('/', reltablespace, reldatabase, relfilenode, relforknumber, relblocknumber) "
@@ -113,8 +107,8 @@ def test_compose_prometheus_evaluates_the_rules_and_scrapes_the_agent(compose):
 
 def test_compose_cluster_warms_the_standby_and_survives_a_failover(compose):
     compose.wait(lambda: compose.sql("standby", "SELECT pg_is_in_recovery()") == "t", "the standby to stream")
-    compose.run("exec", "-T", "pgbench", "pgbench", "-h", "primary", "-U", "postgres", "-i", "-s", "5", "-q", "postgres")
-    compose.run("exec", "-T", "pgbench", "pgbench", "-h", "primary", "-U", "postgres", "-n", "-S", "-c", "2", "-T", "8", "postgres")
+    compose.exec("pgbench", "pgbench", "-h", "primary", "-U", "postgres", "-i", "-s", "5", "-q", "postgres")
+    compose.exec("pgbench", "pgbench", "-h", "primary", "-U", "postgres", "-n", "-S", "-c", "2", "-T", "8", "postgres")
 
     def covered() -> bool:
         hot = compose.blocks("primary", 4)
@@ -124,9 +118,9 @@ def test_compose_cluster_warms_the_standby_and_survives_a_failover(compose):
 
     # Failover: kill the primary, promote the standby, run the workload against it.
     compose.run("kill", "-s", "SIGKILL", "primary")
-    compose.run("exec", "-T", "-u", "postgres", "standby", "pg_ctl", "-D", "/var/lib/postgresql/data", "-w", "promote")
+    compose.exec("standby", "pg_ctl", "-D", "/var/lib/postgresql/data", "-w", "promote", user="postgres")
     assert compose.sql("standby", "SELECT pg_is_in_recovery()") == "f"
-    out = compose.run("exec", "-T", "pgbench", "pgbench", "-h", "standby", "-U", "postgres", "-n", "-S", "-c", "2", "-T", "3", "postgres").stdout
+    out = compose.exec("pgbench", "pgbench", "-h", "standby", "-U", "postgres", "-n", "-S", "-c", "2", "-T", "3", "postgres").stdout
     assert "number of failed transactions: 0 " in out, out
     # The agent is still up and has noticed the promotion.
     running = compose.run("ps", "-q", "ccm-agent").stdout.strip()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.docker import build_images, compose_command, docker_engine_runs
+from harness.docker import ComposeProject, build_images, docker_engine_runs
 from harness.wait import wait_for as poll
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,31 +60,10 @@ def docker(*args: str, timeout: float = 60, check: bool = True) -> str:
     return result.stdout
 
 
-class Cluster:
+class Cluster(ComposeProject):
     def __init__(self) -> None:
-        self.project = f"pgccmpat{uuid.uuid4().hex[:8]}"
-        self.base = [*compose_command(), "-p", self.project, "-f", str(COMPOSE_FILE)]
+        super().__init__(f"pgccmpat{uuid.uuid4().hex[:8]}", COMPOSE_FILE)
         self.network = ""
-
-    # --- commands ------------------------------------------------------------------------------
-    def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        if check and result.returncode != 0:
-            raise RuntimeError(f"{' '.join(args)}: {result.stdout}\n{result.stderr}")
-        return result
-
-    def exec(self, service: str, *command: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        return self.run("exec", "-T", service, *command, timeout=timeout, check=check)
-
-    def background(self, service: str, *command: str) -> subprocess.Popen:
-        return subprocess.Popen([*self.base, "exec", "-T", service, *command], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def container(self, service: str) -> str:
-        cid = self.run("ps", "-q", service).stdout.strip()
-        if not cid:
-            raise RuntimeError(f"no container for {service}")
-        return cid
 
     def sql(self, host: str, query: str, timeout: float = 60) -> str:
         return self.exec("pgbench", "psql", "-h", host, "-U", "postgres", "-Atq", "-c", query, timeout=timeout).stdout.strip()
