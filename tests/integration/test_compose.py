@@ -62,8 +62,7 @@ def compose():
 
 
 def test_agent_runs_as_an_unprivileged_user_and_is_healthy(compose):
-    agent = compose.run("ps", "-q", "ccm-agent").stdout.strip()
-    assert agent, compose.run("ps").stdout
+    agent = compose.container("ccm-agent")
     # The entry point execs the agent: it is the container's PID 1, no root uid, no capability.
     assert docker("exec", agent, "cat", "/proc/1/comm").stdout.strip() == "ccm-agent"
     status = dict(line.split(":", 1) for line in docker("exec", agent, "cat", "/proc/1/status").stdout.splitlines())
@@ -81,7 +80,7 @@ def test_agent_runs_as_an_unprivileged_user_and_is_healthy(compose):
     failed = docker("exec", "-e", "CCM_HEALTHCHECK_ADDR=127.0.0.1:1", agent, "pg-ccm-healthcheck")
     assert failed.returncode == 1, failed
     # On the PostgreSQL nodes the same HEALTHCHECK is pg_isready.
-    standby = compose.run("ps", "-q", "standby").stdout.strip()
+    standby = compose.container("standby")
     compose.wait(lambda: health(standby) == "healthy", "the standby's healthcheck to pass", timeout=120)
 
 
@@ -89,8 +88,7 @@ def test_compose_prometheus_evaluates_the_rules_and_scrapes_the_agent(compose):
     """Prometheus in the demo: healthy, on the host port `docker compose port` names, with every
     rule of monitoring/ccm-agent.rules.yml loaded and healthy, scraping the agent (its
     `cluster` label from monitoring/prometheus.yml) and its standby's coverage."""
-    container = compose.run("ps", "-q", "prometheus").stdout.strip()
-    assert container, compose.run("ps").stdout
+    container = compose.container("prometheus")
     compose.wait(lambda: docker("inspect", "-f", "{{.State.Health.Status}}", container).stdout.strip() == "healthy",
                  "Prometheus's healthcheck to pass", timeout=60)
     host, _, port = compose.run("port", "prometheus", "9090").stdout.strip().rpartition(":")
@@ -123,7 +121,7 @@ def test_compose_cluster_warms_the_standby_and_survives_a_failover(compose):
     out = compose.exec("pgbench", "pgbench", "-h", "standby", "-U", "postgres", "-n", "-S", "-c", "2", "-T", "3", "postgres").stdout
     assert "number of failed transactions: 0 " in out, out
     # The agent is still up and has noticed the promotion.
-    running = compose.run("ps", "-q", "ccm-agent").stdout.strip()
-    assert running and subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", running], capture_output=True, text=True).stdout.strip() == "true"
+    running = compose.container("ccm-agent")
+    assert subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", running], capture_output=True, text=True).stdout.strip() == "true"
     compose.wait(lambda: "promoted" in compose.run("logs", "ccm-agent").stdout or "promoted" in compose.run("logs", "ccm-agent").stderr,
                  "the agent to log the promotion", timeout=30)
