@@ -14,6 +14,8 @@ mod election;
 #[cfg(test)]
 mod fake;
 mod feed;
+#[cfg(test)]
+mod heap;
 mod metrics;
 mod node;
 mod nodeapi;
