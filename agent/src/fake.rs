@@ -275,10 +275,6 @@ impl NodeApi for FakeNode {
         None
     }
 
-    fn multi_standby(&self) -> bool {
-        true
-    }
-
     fn has_change_feed(&self) -> bool {
         true
     }
@@ -287,18 +283,18 @@ impl NodeApi for FakeNode {
         true
     }
 
-    async fn wal_source(&mut self) -> Result<Option<WalSource>, NodeError> {
+    async fn wal_source(&mut self) -> Result<WalSource, NodeError> {
         self.check_open()?;
         if self.silent() {
             return Err(self.silence().await);
         }
         let s = lock(&self.server);
-        Ok(Some(WalSource {
+        Ok(WalSource {
             in_recovery: s.in_recovery,
             timeline: Some(s.timeline),
             sender_host: s.sender.as_ref().map(|(h, _)| h.clone()),
             sender_port: s.sender.as_ref().map(|(_, p)| *p),
-        }))
+        })
     }
 
     async fn buffer_filter(&mut self, _fpr: f64) -> Result<(bool, Vec<u8>), NodeError> {

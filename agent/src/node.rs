@@ -118,8 +118,9 @@ impl NodeFacts {
         self.sql_version().is_some_and(|v| v >= since)
     }
 
-    /// The error for a library older than the catalog: no pg_ccm function may be called.
-    fn require_library(&self, host: String) -> Result<(), NodeError> {
+    /// The error for a node whose pg_ccm functions may not be called: its library is older
+    /// than its catalog, or its catalog older than [`OLDEST_SUPPORTED`].
+    fn require_callable(&self, host: String) -> Result<(), NodeError> {
         match self.skew() {
             Skew::LibraryOlder { catalog, .. } => Err(NodeError::LibraryOlderThanCatalog {
                 host,
@@ -129,7 +130,17 @@ impl NodeFacts {
                     .clone()
                     .unwrap_or_else(|| catalog.to_string()),
             }),
-            _ => Ok(()),
+            skew => match skew.sql_version() {
+                Some(version) if version < OLDEST_SUPPORTED => Err(NodeError::ExtensionTooOld {
+                    host,
+                    catalog: self
+                        .extension_version
+                        .clone()
+                        .unwrap_or_else(|| version.to_string()),
+                    library_current: matches!(skew, Skew::CatalogOlder { .. }),
+                }),
+                _ => Ok(()),
+            },
         }
     }
 
@@ -296,6 +307,23 @@ pub enum NodeError {
         host: String,
         library: Option<String>,
         catalog: String,
+    },
+    /// Raised after connecting, before any pg_ccm call (see `OLDEST_SUPPORTED`).
+    #[error(
+        "{host}: extension pg_ccm {catalog} is older than the oldest this agent supports ({}); {}",
+        OLDEST_SUPPORTED,
+        if *.library_current {
+            "run ALTER EXTENSION pg_ccm UPDATE on the primary"
+        } else {
+            "install this release's pg_ccm on every node and restart it, then run ALTER \
+             EXTENSION pg_ccm UPDATE on the primary"
+        }
+    )]
+    ExtensionTooOld {
+        host: String,
+        catalog: String,
+        /// The loaded library is newer than the catalog: the update alone is missing.
+        library_current: bool,
     },
     #[error("{host}: {what} failed: {}", describe(.error))]
     Query {
@@ -578,12 +606,14 @@ pub struct WalCacheSlot {
     pub hit_rate: Option<String>,
 }
 
-/// The first extension version with the logical WAL cache.
-const WAL_CACHE_SINCE: Version = Version(0, 2, 0);
-/// The first with ccm_hot_blocks_each() (one scan for several standbys) and ccm_wal_source().
-const MULTI_STANDBY_SINCE: Version = Version(0, 4, 0);
 /// The first with ccm_buffer_changes() (the change feed).
 pub const CHANGE_FEED_SINCE: Version = Version(0, 5, 0);
+/// The oldest extension catalog this agent calls: 0.5.0, the oldest that a rolling upgrade
+/// from either of the two releases before this one (0.5.0, 0.6.0) meets. Everything the agent
+/// uses from older catalogs is in it (the WAL cache of 0.2.0, ccm_hot_blocks_each() and
+/// ccm_wal_source() of 0.4.0), so no code path serves a catalog without them. A node with an
+/// older catalog is named with its version and what to run, and left alone.
+pub const OLDEST_SUPPORTED: Version = CHANGE_FEED_SINCE;
 /// The first whose change feed reports the colder blocks too (fill_room without filters).
 pub const COLDER_FEED_SINCE: Version = Version(0, 6, 0);
 
@@ -954,10 +984,11 @@ impl Node {
     }
 
     /// The error for a node of the right role that cannot be called: the extension is
-    /// missing, or its library is older than the catalog.
+    /// missing, its library is older than the catalog, or the catalog older than the oldest
+    /// this agent supports.
     pub fn require_extension(&self) -> Result<(), NodeError> {
         self.require_catalog()?;
-        self.require_library()
+        self.require_callable()
     }
 
     /// The catalog alone: the same on every node of a cluster.
@@ -971,9 +1002,10 @@ impl Node {
         }
     }
 
-    /// This node's library against the catalog (a missing catalog is not its business).
-    pub fn require_library(&self) -> Result<(), NodeError> {
-        self.facts.require_library(self.label())
+    /// This node's library against the catalog, and the catalog against the oldest this
+    /// agent supports (a missing catalog is not its business).
+    pub fn require_callable(&self) -> Result<(), NodeError> {
+        self.facts.require_callable(self.label())
     }
 
     /// The warning for a library newer than the catalog, to log once per connection.
@@ -1112,12 +1144,6 @@ impl Node {
         Ok((col.get(0)?, col.get(1)?))
     }
 
-    /// Whether the installed extension serves several standbys with one scan
-    /// (ccm_hot_blocks_each) and tells where a node's WAL comes from (ccm_wal_source).
-    pub fn multi_standby(&self) -> bool {
-        self.facts.supports(MULTI_STANDBY_SINCE)
-    }
-
     /// Primary: one scan, one list per filter (None: nothing known of that standby), each
     /// of at most its `max_blocks`, with the recovery state at the same instant.
     pub async fn hot_blocks_each(
@@ -1204,15 +1230,12 @@ impl Node {
     }
 
     /// Where this node's WAL comes from: the timeline it writes (a primary) or streams (a
-    /// standby), and a standby's WAL sender. None when the extension predates ccm_wal_source.
-    pub async fn wal_source(&mut self) -> Result<Option<WalSource>, NodeError> {
-        if !self.multi_standby() {
-            return Ok(None);
-        }
+    /// standby), and a standby's WAL sender.
+    pub async fn wal_source(&mut self) -> Result<WalSource, NodeError> {
         const WHAT: &str = "ccm_wal_source()";
         let row = self.query_one(WHAT, SQL_WAL_SOURCE, &[]).await?;
         let col = Columns::new(self, WHAT, &row);
-        Ok(Some(WalSource {
+        Ok(WalSource {
             in_recovery: col.get::<Option<bool>>(0)?.unwrap_or(false),
             timeline: col
                 .get::<Option<i32>>(1)?
@@ -1221,7 +1244,7 @@ impl Node {
             sender_port: col
                 .get::<Option<i32>>(3)?
                 .and_then(|p| u16::try_from(p).ok()),
-        }))
+        })
     }
 
     /// Standby: reads one batch of blocks into shared_buffers, with its recovery state after
@@ -1263,12 +1286,9 @@ impl Node {
         })
     }
 
-    /// Primary: its logical WAL cache and the slots' counters; None when the installed
-    /// extension predates the cache.
+    /// Primary: its logical WAL cache and the slots' counters (always Some: every supported
+    /// catalog has the cache; the trait's None is for nodes without one).
     pub async fn wal_cache(&mut self) -> Result<Option<WalCacheStatus>, NodeError> {
-        if !self.facts.supports(WAL_CACHE_SINCE) {
-            return Ok(None);
-        }
         const WHAT: &str = "ccm_logical_wal_cache_status()";
         let row = self.query_one(WHAT, SQL_WAL_CACHE, &[]).await?;
         let col = Columns::new(self, WHAT, &row);
@@ -1543,18 +1563,16 @@ pub(crate) mod tests {
         assert_eq!(sql(Some("0.8.0"), Some("0.7.0")), v("0.7.0"));
         assert_eq!(sql(Some("0.7.0"), None), None);
 
-        // The logical WAL cache from 0.2 on.
-        assert!(!facts(None, None).supports(WAL_CACHE_SINCE));
-        assert!(!facts(Some("0.1.0"), None).supports(WAL_CACHE_SINCE));
-        assert!(facts(Some("0.2.0"), None).supports(WAL_CACHE_SINCE));
-        assert!(facts(Some("0.10.1"), Some("0.10.1")).supports(WAL_CACHE_SINCE));
-        assert!(facts(Some("1.0"), Some("1.0")).supports(WAL_CACHE_SINCE));
+        // Gates ask the older of catalog and library.
+        assert!(!facts(None, None).supports(COLDER_FEED_SINCE));
+        assert!(facts(Some("0.10.1"), Some("0.10.1")).supports(COLDER_FEED_SINCE));
+        assert!(facts(Some("1.0"), Some("1.0")).supports(COLDER_FEED_SINCE));
         // A library that does not tell under a 0.7.0 catalog opens no gate at all.
-        assert!(!facts(Some("0.7.0"), None).supports(WAL_CACHE_SINCE));
+        assert!(!facts(Some("0.7.0"), None).supports(CHANGE_FEED_SINCE));
 
         let feed = |c: &str, l: Option<&str>| change_feed_works(facts(Some(c), l).skew());
         let colder = |c: &str, l: Option<&str>| facts(Some(c), l).supports(COLDER_FEED_SINCE);
-        assert!(!feed("0.4.0", None) && facts(Some("0.4.0"), None).supports(MULTI_STANDBY_SINCE));
+        assert!(!feed("0.4.0", None));
         assert!(feed("0.5.0", None) && !colder("0.5.0", None));
         assert!(feed("0.6.0", None) && colder("0.6.0", None));
         assert!(feed("0.7.0", Some("0.7.0")) && colder("0.7.0", Some("0.7.0")));
@@ -1567,7 +1585,7 @@ pub(crate) mod tests {
     #[test]
     fn skew_messages() {
         let err = facts(Some("0.7.0"), None)
-            .require_library("db2:5432".into())
+            .require_callable("db2:5432".into())
             .unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -1578,7 +1596,7 @@ pub(crate) mod tests {
         assert!(!err.breaks_connection());
         assert_eq!(err.class(), ErrorClass::Other);
         let err = facts(Some("0.10.0"), Some("0.9.0"))
-            .require_library("h:1".into())
+            .require_callable("h:1".into())
             .unwrap_err();
         assert!(
             err.to_string().starts_with(
@@ -1587,14 +1605,38 @@ pub(crate) mod tests {
             ),
             "{err}"
         );
+        // A catalog older than the oldest supported, with an old library or a new one.
+        let err = facts(Some("0.4.0"), None)
+            .require_callable("h:1".into())
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "h:1: extension pg_ccm 0.4.0 is older than the oldest this agent supports (0.5.0); \
+             install this release's pg_ccm on every node and restart it, then run ALTER \
+             EXTENSION pg_ccm UPDATE on the primary"
+        );
+        assert!(
+            err.breaks_connection(),
+            "the catalog may change on a live session"
+        );
+        let err = facts(Some("0.3.0"), Some("0.7.0"))
+            .require_callable("h:1".into())
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "h:1: extension pg_ccm 0.3.0 is older than the oldest this agent supports (0.5.0); \
+             run ALTER EXTENSION pg_ccm UPDATE on the primary"
+        );
         for (c, l) in [
             (None, None),
+            (Some("0.5.0"), None),
+            (Some("0.5.0"), Some("0.7.0")),
             (Some("0.6.0"), None),
             (Some("0.7.0"), Some("0.7.0")),
             (Some("0.6.0"), Some("0.7.0")),
         ] {
             assert!(
-                facts(c, l).require_library("h".into()).is_ok(),
+                facts(c, l).require_callable("h".into()).is_ok(),
                 "{c:?} {l:?}"
             );
         }

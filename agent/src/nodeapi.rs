@@ -49,11 +49,10 @@ pub trait NodeApi: Send + Sized + 'static {
     fn wire_bytes(&mut self) -> Option<(u64, u64)>;
     fn require_extension(&self) -> Result<(), NodeError>;
     fn catalog_behind(&self) -> Option<String>;
-    fn multi_standby(&self) -> bool;
     fn has_change_feed(&self) -> bool;
     fn has_colder_feed(&self) -> bool;
 
-    fn wal_source(&mut self) -> impl Future<Output = Result<Option<WalSource>, NodeError>> + Send;
+    fn wal_source(&mut self) -> impl Future<Output = Result<WalSource, NodeError>> + Send;
     fn buffer_filter(
         &mut self,
         false_positive_rate: f64,
@@ -147,10 +146,6 @@ impl NodeApi for Node {
         Node::catalog_behind(self)
     }
 
-    fn multi_standby(&self) -> bool {
-        Node::multi_standby(self)
-    }
-
     fn has_change_feed(&self) -> bool {
         Node::has_change_feed(self)
     }
@@ -159,7 +154,7 @@ impl NodeApi for Node {
         Node::has_colder_feed(self)
     }
 
-    fn wal_source(&mut self) -> impl Future<Output = Result<Option<WalSource>, NodeError>> + Send {
+    fn wal_source(&mut self) -> impl Future<Output = Result<WalSource, NodeError>> + Send {
         Node::wal_source(self)
     }
 

@@ -107,6 +107,7 @@ pub fn node_pace(error: &NodeError) -> Pace {
         NodeError::Tls { .. }
         | NodeError::ExtensionMissing { .. }
         | NodeError::LibraryOlderThanCatalog { .. }
+        | NodeError::ExtensionTooOld { .. }
         | NodeError::Unexpected { .. } => Pace::Slow,
         // sslmode=prefer or allow tried two ways: if either may clear soon, so may the node.
         NodeError::Retried { first, then, .. } => node_pace(first).min(node_pace(then)),
@@ -233,6 +234,7 @@ fn node_cause(error: &NodeError) -> String {
         NodeError::ExtensionMissing { .. } => "extension missing".into(),
         NodeError::Disabled { .. } => "disabled".into(),
         NodeError::LibraryOlderThanCatalog { .. } => "library older than catalog".into(),
+        NodeError::ExtensionTooOld { .. } => "extension too old".into(),
         NodeError::QueryTimeout { what, .. } => format!("{what} timeout"),
         NodeError::Unexpected { what, .. } => format!("{what} unexpected"),
         NodeError::NoMatch { failures, .. } if failures.is_empty() => "no match".into(),

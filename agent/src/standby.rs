@@ -399,17 +399,14 @@ impl<N: NodeApi> Standby<N> {
     }
 
     /// Checks that it follows the primary: the same timeline, and WAL streamed from the
-    /// primary (or from another standby being warmed, a cascade). Skipped with an extension
-    /// older than 0.4.
+    /// primary (or from another standby being warmed, a cascade).
     async fn check_source(&mut self, shared: &Shared) -> Result<(), CycleError> {
         self.verified = false;
         let Some(primary_timeline) = shared.primary.timeline else {
             return Ok(());
         };
         let result = self.node().wal_source().await;
-        let Some(source) = self.call(&shared.metrics, Stage::Safety, result)? else {
-            return Ok(());
-        };
+        let source = self.call(&shared.metrics, Stage::Safety, result)?;
         if !source.in_recovery {
             return Err(self.promoted(&shared.metrics));
         }

@@ -511,7 +511,7 @@ fn enter_primary(
             }
             report.primary = NodeReport::from_node(&n);
             // Nothing of pg_ccm is called on it then, so no number can be had.
-            if let Err(e) = n.require_library() {
+            if let Err(e) = n.require_callable() {
                 report.primary.error = Some(e.to_string());
                 report.problems.push(format!("primary: {e}"));
             }
@@ -562,7 +562,7 @@ fn pass_over_unusable(
     problems: &mut Vec<String>,
 ) {
     for s in reached.iter_mut().filter(|s| s.measured) {
-        if let Err(e) = s.node.require_library() {
+        if let Err(e) = s.node.require_callable() {
             report.standbys[s.entry].node.error = Some(e.to_string());
             problems.push(format!("standby {}: {e}", s.name));
             s.measured = false;

@@ -64,7 +64,7 @@ use crate::conninfo::{ConnInfo, HostSpec};
 use crate::election::{self, Election};
 use crate::feed::{self, Mirror};
 use crate::metrics::{coverage, saturating_i64, Metrics, Stage};
-use crate::node::{self, ConnectOptions, Node, NodeError, Side, WalSource};
+use crate::node::{ConnectOptions, Node, NodeError, Side, WalSource};
 use crate::nodeapi::NodeApi;
 use crate::notify;
 use crate::patroni;
@@ -410,7 +410,7 @@ pub struct Syncer<N: NodeApi = Node> {
     feed_wanted: bool,
     /// Wait for every standby's task to end (sync --once) instead of going on without it.
     patient: bool,
-    /// "predates the change feed" was logged for this catalog and library version.
+    /// "does not serve the change feed" was logged for this catalog and library version.
     feed_absent_logged: Option<String>,
     /// The primary's hot set at the last cycle, whichever exchange counted it.
     last_hot_set: u64,
@@ -664,14 +664,14 @@ impl<N: NodeApi> Syncer<N> {
             pg_ccm = node.facts().extension_version.as_deref().unwrap_or("?"),
             pg_ccm_library = node.facts().library_version.as_deref().unwrap_or("?"),
             shared_buffers_blocks = node.facts().shared_buffers,
-            timeline = source.as_ref().and_then(|s| s.timeline),
+            timeline = source.timeline,
             "connected to the primary"
         );
         if let Some(warning) = node.catalog_behind() {
             warn!("{warning}");
         }
         self.primary_addrs = addresses(node.host()).await;
-        self.primary_source = source;
+        self.primary_source = Some(source);
         self.metrics.set_node_up(Side::Primary, true);
         self.primary = Some(node);
         Ok(())
@@ -765,19 +765,14 @@ impl<N: NodeApi> Syncer<N> {
         let library = facts.library_version.as_deref().unwrap_or("?");
         let seen = format!("{catalog} {library}");
         if self.feed_absent_logged.as_deref() != Some(seen.as_str()) {
-            if facts.sql_version() < Some(node::CHANGE_FEED_SINCE) {
-                info!(
-                    "extension {catalog} on {} predates the change feed (0.5.0); using the full filter exchange",
-                    primary.label()
-                );
-            } else {
-                info!(
-                    "the pg_ccm library {library} on {} does not serve the change feed of the \
-                     extension's catalog {catalog}; using the full filter exchange until ALTER \
-                     EXTENSION pg_ccm UPDATE",
-                    primary.label()
-                );
-            }
+            // Every catalog the agent calls has the feed (node::OLDEST_SUPPORTED): only a
+            // 0.7.0 library under the 0.5.0 catalog lacks it.
+            info!(
+                "the pg_ccm library {library} on {} does not serve the change feed of the \
+                 extension's catalog {catalog}; using the full filter exchange until ALTER \
+                 EXTENSION pg_ccm UPDATE",
+                primary.label()
+            );
             self.feed_absent_logged = Some(seen);
         }
         false
@@ -1256,7 +1251,7 @@ impl<N: NodeApi> Syncer<N> {
             })
             .collect();
         let mut lists = Vec::with_capacity(ready.len());
-        if ready.len() > 1 && self.primary().multi_standby() {
+        if ready.len() > 1 {
             let filters: Vec<Option<&[u8]>> = filters.iter().map(|f| Some(*f)).collect();
             let result = self.primary().hot_blocks_each(&filters, &limits).await;
             let (in_recovery, each) = self.call(Who::Primary, Stage::HotBlocks, result)?;
