@@ -916,6 +916,427 @@ mod tests {
         }
     }
 
+    /// The mirror's rules written plainly, with hash maps and sets of (relation, block), as
+    /// the mirror kept them before its sets became bitmaps: the reference the randomized
+    /// test below holds the mirror to.
+    #[derive(Default)]
+    struct Model {
+        /// Block -> (usage, hot reports, colder reports).
+        primary: HashMap<(u32, u32), (u8, u32, u32)>,
+        views: HashMap<String, ModelView>,
+    }
+
+    #[derive(Default, Clone)]
+    struct ModelView {
+        cached: HashMap<(u32, u32), u32>,
+        missing: [std::collections::BTreeSet<(u32, u32)>; 2],
+        inflight: HashMap<(u32, u32), i64>,
+        sweeps: i64,
+    }
+
+    fn slot(class: Class) -> usize {
+        match class {
+            Class::Hot => 0,
+            Class::Colder => 1,
+        }
+    }
+
+    impl Model {
+        fn class(&self, b: (u32, u32)) -> Option<Class> {
+            match self.primary.get(&b) {
+                Some(&(_, hot, _)) if hot > 0 => Some(Class::Hot),
+                Some(&(_, _, colder)) if colder > 0 => Some(Class::Colder),
+                _ => None,
+            }
+        }
+
+        fn view(&mut self, name: &str) -> &mut ModelView {
+            if !self.views.contains_key(name) {
+                let mut v = ModelView::default();
+                for &b in self.primary.keys() {
+                    if let Some(c) = self.class(b) {
+                        v.missing[slot(c)].insert(b);
+                    }
+                }
+                self.views.insert(name.into(), v);
+            }
+            self.views.get_mut(name).unwrap()
+        }
+
+        fn primary(
+            &mut self,
+            reset: bool,
+            added: &[((u32, u32), u8, Class)],
+            removed: &[((u32, u32), Class)],
+        ) {
+            if reset {
+                self.primary.clear();
+                for v in self.views.values_mut() {
+                    v.inflight.clear();
+                    v.missing = Default::default();
+                }
+            }
+            // In the order apply_primary takes an answer: the hot set's additions, the colder
+            // set's, then the removals of each.
+            let adds = |c: Class| {
+                added
+                    .iter()
+                    .filter(move |x| x.2 == c)
+                    .map(|&(b, u, c)| (b, u, c, true))
+            };
+            let drops = |c: Class| {
+                removed
+                    .iter()
+                    .filter(move |x| x.1 == c)
+                    .map(|&(b, c)| (b, 0, c, false))
+            };
+            let changes = adds(Class::Hot)
+                .chain(adds(Class::Colder))
+                .chain(drops(Class::Hot))
+                .chain(drops(Class::Colder));
+            for (b, usage, class, up) in changes {
+                if !up && !self.primary.contains_key(&b) {
+                    continue;
+                }
+                let before = self.class(b);
+                let e = self.primary.entry(b).or_default();
+                let count = if class == Class::Hot {
+                    &mut e.1
+                } else {
+                    &mut e.2
+                };
+                if up {
+                    *count += 1;
+                    e.0 = usage;
+                } else {
+                    *count = count.saturating_sub(1);
+                }
+                let after = self.class(b);
+                if after.is_none() {
+                    self.primary.remove(&b);
+                }
+                for v in self.views.values_mut() {
+                    match (before, after) {
+                        (x, y) if x == y => {}
+                        (_, None) => {
+                            v.missing[0].remove(&b);
+                            v.missing[1].remove(&b);
+                            v.inflight.remove(&b);
+                        }
+                        (None, Some(c)) => {
+                            if !v.cached.contains_key(&b) && !v.inflight.contains_key(&b) {
+                                v.missing[slot(c)].insert(b);
+                            }
+                        }
+                        (Some(x), Some(y)) => {
+                            if v.missing[slot(x)].remove(&b) {
+                                v.missing[slot(y)].insert(b);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        fn standby(
+            &mut self,
+            name: &str,
+            reset: bool,
+            added: &[(u32, u32)],
+            removed: &[(u32, u32)],
+            sweeps: i64,
+        ) {
+            self.view(name);
+            let classes: HashMap<(u32, u32), Class> = self
+                .primary
+                .keys()
+                .filter_map(|&b| Some((b, self.class(b)?)))
+                .collect();
+            let v = self.views.get_mut(name).unwrap();
+            if reset {
+                v.cached.clear();
+                v.inflight.clear();
+                v.missing = Default::default();
+                for (&b, &c) in &classes {
+                    v.missing[slot(c)].insert(b);
+                }
+            }
+            for &b in added {
+                let n = v.cached.entry(b).or_insert(0);
+                *n += 1;
+                if *n == 1 {
+                    v.missing[0].remove(&b);
+                    v.missing[1].remove(&b);
+                    v.inflight.remove(&b);
+                }
+            }
+            for &b in removed {
+                if let Some(n) = v.cached.get_mut(&b) {
+                    *n -= 1;
+                    if *n == 0 {
+                        v.cached.remove(&b);
+                        if let Some(&c) = classes.get(&b) {
+                            v.missing[slot(c)].insert(b);
+                        }
+                    }
+                }
+            }
+            v.sweeps = sweeps;
+            let expired: Vec<_> = v
+                .inflight
+                .iter()
+                .filter(|(_, &at)| sweeps >= at + INFLIGHT_SWEEPS)
+                .map(|(&b, _)| b)
+                .collect();
+            for b in expired {
+                v.inflight.remove(&b);
+                if let Some(&c) = classes.get(&b) {
+                    v.missing[slot(c)].insert(b);
+                }
+            }
+        }
+
+        /// What take_missing should hand out: all it lacks when that fits, else the hottest
+        /// `limit`, ties in address order.
+        fn take(&mut self, name: &str, class: Class, limit: usize) -> Vec<(u32, u32)> {
+            self.view(name);
+            let usage: HashMap<(u32, u32), u8> =
+                self.primary.iter().map(|(&b, e)| (b, e.0)).collect();
+            let v = self.views.get_mut(name).unwrap();
+            let mut all: Vec<(u32, u32)> = v.missing[slot(class)].iter().copied().collect();
+            if all.len() > limit {
+                all.sort_by_key(|b| (std::cmp::Reverse(usage[b]), *b));
+                all.truncate(limit);
+            }
+            for b in &all {
+                v.missing[slot(class)].remove(b);
+                v.inflight.insert(*b, v.sweeps);
+            }
+            all.sort();
+            all
+        }
+
+        fn unsend(&mut self, name: &str, blocks: &[(u32, u32)]) {
+            let classes: HashMap<(u32, u32), Class> = self
+                .primary
+                .keys()
+                .filter_map(|&b| Some((b, self.class(b)?)))
+                .collect();
+            if let Some(v) = self.views.get_mut(name) {
+                for b in blocks {
+                    if v.inflight.remove(b).is_some() {
+                        if let Some(&c) = classes.get(b) {
+                            v.missing[slot(c)].insert(*b);
+                        }
+                    }
+                }
+            }
+        }
+
+        fn lacking(&self, name: &str) -> usize {
+            let hot = self
+                .primary
+                .keys()
+                .filter(|&&b| self.class(b) == Some(Class::Hot))
+                .count();
+            self.views.get(name).map_or(hot, |v| {
+                v.missing[0].len()
+                    + v.inflight
+                        .keys()
+                        .filter(|&&b| self.class(b) == Some(Class::Hot))
+                        .count()
+            })
+        }
+    }
+
+    #[test]
+    fn the_mirror_follows_its_rules_written_plainly_over_random_answers() {
+        // Random answers of a primary and two standbys over two relations of 40 blocks, and
+        // random takes and unsent batches, each applied to the mirror and to the model; every
+        // take and every count must agree.
+        let addr = |(rel, block): (u32, u32)| BlockAddress {
+            spc: 1663,
+            db: 5,
+            rel,
+            fork: 0,
+            block,
+        };
+        let list = |blocks: Vec<HotBlock>| {
+            let mut blocks = blocks;
+            BlockList::decode(&encode_block_list(&mut blocks, 0, 0).unwrap()).unwrap()
+        };
+        for seed in 0..100 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut mirror = Mirror::default();
+            let mut model = Model::default();
+            let mut sweeps = [0i64; 2];
+            let mut last_taken: Vec<(String, Vec<(u32, u32)>)> = Vec::new();
+            for step in 0..300 {
+                let block = |rng: &mut fastrand::Rng| (16384 + rng.u32(0..2), rng.u32(0..40));
+                let names = ["a", "b"];
+                match rng.u32(0..10) {
+                    0..=3 => {
+                        let reset = rng.u32(0..30) == 0;
+                        // Each block once per answer, as a node's feed lists it.
+                        let mut seen = std::collections::HashSet::new();
+                        let added: Vec<_> = (0..rng.usize(0..8))
+                            .map(|_| {
+                                (
+                                    block(&mut rng),
+                                    rng.u8(0..6),
+                                    if rng.bool() {
+                                        Class::Hot
+                                    } else {
+                                        Class::Colder
+                                    },
+                                )
+                            })
+                            .filter(|&(b, _, c)| seen.insert((b, slot(c))))
+                            .collect();
+                        let mut gone = std::collections::HashSet::new();
+                        let removed: Vec<_> = (0..rng.usize(0..6))
+                            .map(|_| {
+                                (
+                                    block(&mut rng),
+                                    if rng.bool() {
+                                        Class::Hot
+                                    } else {
+                                        Class::Colder
+                                    },
+                                )
+                            })
+                            .filter(|&(b, c)| gone.insert((b, slot(c))))
+                            .collect();
+                        let mut a = answer(reset, &[], &[]);
+                        let pick = |c: Class| -> Vec<HotBlock> {
+                            added
+                                .iter()
+                                .filter(|x| x.2 == c)
+                                .map(|&(b, u, _)| HotBlock {
+                                    addr: addr(b),
+                                    usage: u,
+                                })
+                                .collect()
+                        };
+                        let drop = |c: Class| -> Vec<HotBlock> {
+                            removed
+                                .iter()
+                                .filter(|x| x.1 == c)
+                                .map(|&(b, _)| HotBlock {
+                                    addr: addr(b),
+                                    usage: 0,
+                                })
+                                .collect()
+                        };
+                        a.added = list(pick(Class::Hot));
+                        a.removed = list(drop(Class::Hot));
+                        a.colder_added = Some(list(pick(Class::Colder)));
+                        a.colder_removed = Some(list(drop(Class::Colder)));
+                        mirror.apply_primary(&a);
+                        model.primary(reset, &added, &removed);
+                    }
+                    4..=6 => {
+                        let i = rng.usize(0..2);
+                        let reset = rng.u32(0..30) == 0;
+                        if reset {
+                            sweeps[i] = 0;
+                        }
+                        sweeps[i] += i64::from(rng.u32(0..3) == 0);
+                        let mut seen = std::collections::HashSet::new();
+                        let added: Vec<_> = (0..rng.usize(0..6))
+                            .map(|_| block(&mut rng))
+                            .filter(|b| seen.insert(*b))
+                            .collect();
+                        let mut gone = std::collections::HashSet::new();
+                        let removed: Vec<_> = (0..rng.usize(0..6))
+                            .map(|_| block(&mut rng))
+                            .filter(|b| gone.insert(*b))
+                            .collect();
+                        let mut a = swept(answer(reset, &[], &[]), sweeps[i]);
+                        a.added = list(
+                            added
+                                .iter()
+                                .map(|&b| HotBlock {
+                                    addr: addr(b),
+                                    usage: 1,
+                                })
+                                .collect(),
+                        );
+                        a.removed = list(
+                            removed
+                                .iter()
+                                .map(|&b| HotBlock {
+                                    addr: addr(b),
+                                    usage: 0,
+                                })
+                                .collect(),
+                        );
+                        mirror.apply_standby(names[i], &a);
+                        model.standby(names[i], reset, &added, &removed, sweeps[i]);
+                    }
+                    7..=8 => {
+                        let name = names[rng.usize(0..2)];
+                        let class = if rng.bool() {
+                            Class::Hot
+                        } else {
+                            Class::Colder
+                        };
+                        let limit = rng.usize(1..12);
+                        let got: Vec<(u32, u32)> =
+                            mirror.take_missing(name, class, limit).map_or(vec![], |l| {
+                                l.iter().map(|b| (b.addr.rel, b.addr.block)).collect()
+                            });
+                        let want = model.take(name, class, limit);
+                        assert_eq!(
+                            got, want,
+                            "seed {seed} step {step}: take {name} {class:?} {limit}"
+                        );
+                        last_taken.push((name.to_string(), got));
+                    }
+                    _ => {
+                        if let Some((name, blocks)) = last_taken.pop() {
+                            let back: Vec<_> =
+                                blocks.iter().copied().filter(|_| rng.bool()).collect();
+                            if !back.is_empty() {
+                                let hot: Vec<HotBlock> = back
+                                    .iter()
+                                    .map(|&b| HotBlock {
+                                        addr: addr(b),
+                                        usage: 5,
+                                    })
+                                    .collect();
+                                mirror.unsend(
+                                    &name,
+                                    &[encode_block_list(&mut hot.clone(), 0, 0).unwrap()],
+                                );
+                                model.unsend(&name, &back);
+                            }
+                        }
+                    }
+                }
+                let hot = model
+                    .primary
+                    .keys()
+                    .filter(|&&b| model.class(b) == Some(Class::Hot))
+                    .count();
+                assert_eq!(mirror.hot_len(), hot, "seed {seed} step {step}: hot set");
+                for name in names {
+                    assert_eq!(
+                        mirror.lacking(name),
+                        model.lacking(name),
+                        "seed {seed} step {step}: lacking {name}"
+                    );
+                    let inflight = model.views.get(name).map_or(0, |v| v.inflight.len());
+                    assert_eq!(
+                        mirror.inflight(name),
+                        inflight,
+                        "seed {seed} step {step}: inflight {name}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn sweep_budget_covers_small_pools_whole_and_large_ones_in_four() {
         assert_eq!(sweep_budget(16384), 16384);
