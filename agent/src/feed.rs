@@ -1252,25 +1252,19 @@ mod tests {
                             .map(|_| block(&mut rng))
                             .filter(|b| gone.insert(*b))
                             .collect();
+                        let blocks = |of: &[(u32, u32)], usage: u8| {
+                            list(
+                                of.iter()
+                                    .map(|&b| HotBlock {
+                                        addr: addr(b),
+                                        usage,
+                                    })
+                                    .collect(),
+                            )
+                        };
                         let mut a = swept(answer(reset, &[], &[]), sweeps[i]);
-                        a.added = list(
-                            added
-                                .iter()
-                                .map(|&b| HotBlock {
-                                    addr: addr(b),
-                                    usage: 1,
-                                })
-                                .collect(),
-                        );
-                        a.removed = list(
-                            removed
-                                .iter()
-                                .map(|&b| HotBlock {
-                                    addr: addr(b),
-                                    usage: 0,
-                                })
-                                .collect(),
-                        );
+                        a.added = blocks(&added, 1);
+                        a.removed = blocks(&removed, 0);
                         mirror.apply_standby(names[i], &a);
                         model.standby(names[i], reset, &added, &removed, sweeps[i]);
                     }
