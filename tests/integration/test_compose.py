@@ -123,5 +123,8 @@ def test_compose_cluster_warms_the_standby_and_survives_a_failover(compose):
     # The agent is still up and has noticed the promotion.
     running = compose.container("ccm-agent")
     assert subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", running], capture_output=True, text=True).stdout.strip() == "true"
-    compose.wait(lambda: "promoted" in compose.run("logs", "ccm-agent").stdout or "promoted" in compose.run("logs", "ccm-agent").stderr,
-                 "the agent to log the promotion", timeout=30)
+    def agent_log() -> str:
+        logs = compose.run("logs", "ccm-agent")
+        return logs.stdout + logs.stderr
+
+    compose.wait(lambda: "promoted" in agent_log(), "the agent to log the promotion", timeout=30)
