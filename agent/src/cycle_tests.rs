@@ -10,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, RawConfig};
 use crate::fake::{self, FakeNode, Server};
 use crate::metrics::Metrics;
-use crate::sync::{CycleReport, Syncer};
+use crate::report::CycleReport;
+use crate::sync::Syncer;
 
 type Node = Arc<std::sync::Mutex<Server>>;
 
@@ -312,4 +313,60 @@ async fn a_standby_of_another_system_is_refused_and_shown_down() {
         "{rendered}"
     );
     assert_eq!(fake::lock(&c.standbys[0]).batches, 0);
+}
+
+/// The value of the series `name` (with its labels, if any) in `rendered`.
+fn series(rendered: &str, name: &str) -> f64 {
+    rendered
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no series {name} in\n{rendered}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_count_what_the_cycles_reports_say() {
+    let mut c = cluster(41090, 2);
+    fake::lock(&c.standbys[1]).conflict_next = true;
+    let mut reports = Vec::new();
+    for _ in 0..4 {
+        reports.push(c.cycle().await.0);
+    }
+    assert!(c.holds_hot_set(0) && c.holds_hot_set(1), "{reports:?}");
+    let sum = |f: fn(&CycleReport) -> u64| reports.iter().map(f).sum::<u64>() as f64;
+    let rendered = c.metrics.render();
+    assert_eq!(series(&rendered, "ccm_agent_cycles_total"), 4.0);
+    let loaded = sum(|r| r.loaded);
+    assert!(loaded >= f64::from(2 * HOT), "{reports:?}");
+    assert_eq!(series(&rendered, "ccm_agent_blocks_loaded_total"), loaded);
+    assert_eq!(
+        series(&rendered, "ccm_agent_blocks_already_cached_total"),
+        sum(|r| r.already_cached)
+    );
+    assert_eq!(
+        series(&rendered, "ccm_agent_blocks_skipped_total"),
+        sum(|r| r.skipped)
+    );
+    assert_eq!(
+        series(&rendered, "ccm_agent_recovery_conflicts_total"),
+        sum(|r| r.recovery_conflicts)
+    );
+    assert_eq!(sum(|r| r.recovery_conflicts), 1.0);
+    for (i, name) in ["127.0.0.1:41091", "127.0.0.1:41092"].iter().enumerate() {
+        let per_standby: u64 = reports
+            .iter()
+            .flat_map(|r| &r.standbys)
+            .filter(|s| s.name == *name)
+            .map(|s| s.loaded)
+            .sum();
+        let label = format!("ccm_agent_standby_blocks_loaded_total{{node=\"{name}\"}}");
+        assert_eq!(series(&rendered, &label), per_standby as f64, "standby {i}");
+        let coverage = format!("ccm_agent_standby_coverage_ratio{{node=\"{name}\"}}");
+        assert_eq!(series(&rendered, &coverage), 1.0, "standby {i}");
+    }
+    let last = reports.last().expect("four reports");
+    assert_eq!(
+        series(&rendered, "ccm_agent_hot_set_blocks"),
+        last.hot_buffers as f64
+    );
+    assert_eq!(series(&rendered, "ccm_agent_coverage_ratio"), 1.0);
 }

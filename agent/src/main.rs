@@ -23,6 +23,7 @@ mod notify;
 mod patroni;
 mod pgpass;
 mod reload;
+mod report;
 mod retry;
 mod standby;
 mod status;

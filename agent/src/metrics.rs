@@ -1,7 +1,9 @@
 //! Prometheus metrics and the small HTTP server that exposes them.
 //!
 //! prometheus-client keeps every metric in atomics, so the sync task updates them without
-//! locks and the HTTP handler encodes a consistent-enough snapshot on each scrape. The server
+//! locks and the HTTP handler encodes a consistent-enough snapshot on each scrape. What a
+//! cycle did is counted in one place, `CycleReport::note` (report.rs), which adds each event
+//! to the cycle's report and to these metrics together. The server
 //! is bare hyper 1 (HTTP/1 only): three GET routes do not justify a web framework's compile
 //! time. /healthz says the process serves; /readyz says it does its job: both sides
 //! connected and a call answered recently, with a JSON body that says why not. An agent that

@@ -30,12 +30,13 @@ use tracing::{debug, error, info, warn};
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::conninfo::{ConnInfo, HostSpec};
-use crate::feed::{self, FeedAnswer, Mirror};
-use crate::metrics::{saturating_i64, Metrics, Stage};
+use crate::feed::{self, Mirror};
+use crate::metrics::{Metrics, Stage};
 use crate::node::{ConnectOptions, ErrorClass, Node, NodeError, PrewarmResult, Side};
 use crate::nodeapi::NodeApi;
+use crate::report::{CycleReport, Event, StandbyReport};
 use crate::retry::{self, Episode, Kind, Pace};
-use crate::sync::{CycleError, CycleReport, StandbyReport};
+use crate::sync::CycleError;
 use crate::topology::Target;
 use crate::walsender::{self, Endpoint, Sender, Verdict};
 
@@ -502,11 +503,12 @@ impl<N: NodeApi> Standby<N> {
         let Some(filter) = self.in_recovery(shared, result, report)? else {
             return Ok(Ready::Pass);
         };
-        report.filter_bytes += filter.len();
-        shared
-            .metrics
-            .filter_bytes
-            .set(saturating_i64(filter.len() as u64));
+        report.note(
+            &shared.metrics,
+            Event::Filtered {
+                bytes: filter.len(),
+            },
+        );
         Ok(Ready::Filter(filter))
     }
 
@@ -552,7 +554,13 @@ impl<N: NodeApi> Standby<N> {
             let Some(answer) = self.in_recovery(shared, result, report)? else {
                 return Ok(Ready::Pass);
             };
-            note_feed_reset(&shared.metrics, &name, &answer);
+            report.note(
+                &shared.metrics,
+                Event::StandbyFed {
+                    standby: &name,
+                    answer: &answer,
+                },
+            );
             let complete = {
                 let mut mirror = shared.mirror();
                 mirror.apply_standby(&name, &answer);
@@ -565,7 +573,6 @@ impl<N: NodeApi> Standby<N> {
                 seq: answer.seq,
             });
             self.feed_tracked = u64::try_from(answer.tracked).ok();
-            report.filter_bytes += answer_bytes(&answer);
             if complete {
                 break;
             }
@@ -585,11 +592,7 @@ impl<N: NodeApi> Standby<N> {
         let limit = self.buffers();
         let list = BlockList::decode_bounded(list_bytes, u64::try_from(limit).unwrap_or(1))
             .map_err(|e| CycleError::Decode(e.to_string()))?;
-        report.hot_buffers = list.header.hot_buffers_found;
-        report.buffers_scanned = list.header.buffers_scanned;
-        report.list_bytes += list_bytes.len();
         let sent = list.len() as u64;
-        report.sent += sent;
         let standby = StandbyReport {
             name: self.name.clone(),
             hot_buffers: list.header.hot_buffers_found,
@@ -597,10 +600,15 @@ impl<N: NodeApi> Standby<N> {
             sent,
             ..Default::default()
         };
-        shared
-            .metrics
-            .standby_scan(&standby.name, standby.hot_buffers, standby.missing());
-        report.standbys.push(standby);
+        let scan = (list.header.hot_buffers_found, list.header.buffers_scanned);
+        report.note(
+            &shared.metrics,
+            Event::Scanned {
+                standby,
+                taken: sent,
+                scan: Some(scan),
+            },
+        );
         if let Some(pb) = &shared.progress {
             pb.inc_length(sent);
         }
@@ -637,7 +645,6 @@ impl<N: NodeApi> Standby<N> {
             (hot, lacking, list)
         };
         let sent = list.as_ref().map_or(0, |l| l.len() as u64);
-        report.sent += sent;
         let standby = StandbyReport {
             name: name.clone(),
             hot_buffers: hot,
@@ -645,10 +652,14 @@ impl<N: NodeApi> Standby<N> {
             sent: lacking,
             ..Default::default()
         };
-        shared
-            .metrics
-            .standby_scan(&standby.name, standby.hot_buffers, standby.missing());
-        report.standbys.push(standby);
+        report.note(
+            &shared.metrics,
+            Event::Scanned {
+                standby,
+                taken: sent,
+                scan: None,
+            },
+        );
         if let Some(list) = list {
             if let Some(pb) = &shared.progress {
                 pb.inc_length(sent);
@@ -754,10 +765,7 @@ impl<N: NodeApi> Standby<N> {
             let blocks = decode_block_list_header(batch)
                 .map(|h| u64::from(h.blocks))
                 .map_err(|e| CycleError::Decode(format!("a batch of it: {e}")))?;
-            report.batches += 1;
-            if tier == Tier::Fill {
-                report.colder_sent += blocks;
-            }
+            report.note(&shared.metrics, Event::BatchSent { blocks, tier });
             let result = self.node().prewarm(batch).await;
             called += 1;
             let flow = self.prewarm_outcome(shared, blocks, tier, result, report)?;
@@ -789,7 +797,16 @@ impl<N: NodeApi> Standby<N> {
         let error = match result {
             Ok((true, done)) => {
                 self.heard_now();
-                self.account(metrics, blocks, tier, &done, report);
+                let standby = &self.name;
+                report.note(
+                    metrics,
+                    Event::BatchDone {
+                        standby,
+                        blocks,
+                        tier,
+                        done: &done,
+                    },
+                );
                 return Ok(self.replay_check(shared, done.replay_lag, report));
             }
             // Promoted during the call: nothing more goes to this server.
@@ -811,16 +828,13 @@ impl<N: NodeApi> Standby<N> {
                     "storage error on the standby {name}: {message}; skipping this batch of \
                      {blocks} blocks and going on with the next"
                 );
-                metrics.prewarm_storage_errors.inc();
-                report.storage_errors += 1;
-                if let Some(r) = report.standby_mut(&name) {
-                    r.storage_errors += 1;
-                }
-                let lost = PrewarmResult {
-                    skipped: blocks,
-                    ..PrewarmResult::default()
-                };
-                self.account(metrics, blocks, tier, &lost, report);
+                report.note(
+                    metrics,
+                    Event::StorageError {
+                        standby: &name,
+                        blocks,
+                    },
+                );
                 Ok(Flow::Next)
             }
             _ => self.call(metrics, Stage::Prewarm, Err(error)),
@@ -855,41 +869,13 @@ impl<N: NodeApi> Standby<N> {
                 crate::config::format_size(max)
             );
         }
-        shared.metrics.replay_lag_pauses.inc();
-        report.replay_pauses += 1;
-        if let Some(r) = report.standby_mut(&self.name) {
-            r.replay_paused = true;
-        }
+        report.note(
+            &shared.metrics,
+            Event::ReplayPaused {
+                standby: &self.name,
+            },
+        );
         Flow::EndCycle
-    }
-
-    /// Counts what a prewarm call did with `blocks` blocks.
-    fn account(
-        &mut self,
-        metrics: &Metrics,
-        blocks: u64,
-        tier: Tier,
-        done: &PrewarmResult,
-        report: &mut CycleReport,
-    ) {
-        metrics.blocks_sent.inc_by(blocks);
-        metrics.blocks_loaded.inc_by(done.loaded);
-        if tier == Tier::Fill {
-            metrics.fill_blocks_loaded.inc_by(done.loaded);
-        }
-        metrics.blocks_already_cached.inc_by(done.already_cached);
-        metrics.blocks_skipped.inc_by(done.skipped);
-        metrics.standby_loaded(&self.name, done.loaded);
-        report.requested += done.requested;
-        report.loaded += done.loaded;
-        report.already_cached += done.already_cached;
-        report.skipped += done.skipped;
-        if let Some(r) = report.standby_mut(&self.name) {
-            r.loaded += done.loaded;
-            if tier == Tier::Fill {
-                r.filled += done.loaded;
-            }
-        }
     }
 
     /// A recovery conflict: logged (one line, with the server's DETAIL), counted, its session
@@ -907,11 +893,7 @@ impl<N: NodeApi> Standby<N> {
             "recovery conflict on the standby {name}: {message}; ending this cycle for it, \
              the blocks not loaded follow in the next one"
         );
-        metrics.recovery_conflicts.inc();
-        report.recovery_conflicts += 1;
-        if let Some(r) = report.standby_mut(&name) {
-            r.recovery_conflicts += 1;
-        }
+        report.note(metrics, Event::RecoveryConflict { standby: &name });
         if self.broken(error) {
             self.drop_session(metrics);
         }
@@ -1054,28 +1036,6 @@ async fn lookup(name: &str, port: u16) -> Vec<IpAddr> {
         Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
         _ => Vec::new(),
     }
-}
-
-/// Logs (once per reset) and counts a node's feed starting over.
-pub fn note_feed_reset(metrics: &Metrics, node: &str, answer: &FeedAnswer) {
-    if answer.reset {
-        metrics.feed_reset(node);
-        info!(
-            node = %node,
-            reason = answer.reset_reason.as_deref().unwrap_or("?"),
-            "the change feed of {node} starts over ({}): its blocks are listed again",
-            answer.reset_reason.as_deref().unwrap_or("?")
-        );
-    }
-}
-
-/// The lists of a feed answer, in bytes.
-pub fn answer_bytes(answer: &FeedAnswer) -> usize {
-    let list = |l: &BlockList| 32 + l.len() * 3;
-    list(&answer.added)
-        + list(&answer.removed)
-        + answer.colder_added.as_ref().map_or(0, list)
-        + answer.colder_removed.as_ref().map_or(0, list)
 }
 
 /// Adds what `node`'s session (the node called `name`) carried since the last count to

@@ -63,15 +63,16 @@ use crate::config::{format_duration, Config};
 use crate::conninfo::{ConnInfo, HostSpec};
 use crate::election::{self, Election};
 use crate::feed::{self, Mirror};
-use crate::metrics::{coverage, saturating_i64, Metrics, Stage};
+use crate::metrics::{Metrics, Stage};
 use crate::node::{ConnectOptions, Node, NodeError, Side, WalSource};
 use crate::nodeapi::NodeApi;
 use crate::notify;
 use crate::patroni;
+use crate::report::{CycleReport, Event, StandbyReport};
 use crate::retry::{self, Episode, Kind, Pace};
 use crate::standby::{
-    self, addresses, answer_bytes, count_node_wire, note_feed_reset, unused_room, Done,
-    PrimaryView, Ready, Shared, Standby, Tier, FILL_MAX_BATCHES, FILL_MIN_BLOCKS, FILL_RECHECK,
+    self, addresses, count_node_wire, unused_room, Done, PrimaryView, Ready, Shared, Standby, Tier,
+    FILL_MAX_BATCHES, FILL_MIN_BLOCKS, FILL_RECHECK,
 };
 use crate::topology::{self, Target};
 use crate::walsender::Endpoint;
@@ -82,128 +83,6 @@ use crate::walsender::Endpoint;
 /// connections, not a doubled backoff later (which would add about as long again as the
 /// restart took). Slow failures (authentication, TLS, the extension) back off to max_backoff.
 const RECONNECT_CEILING: Duration = Duration::from_secs(1);
-
-/// What one cycle did for one standby.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct StandbyReport {
-    pub name: String,
-    /// Hot buffers the primary's scan found (the same for every standby of a cycle).
-    pub hot_buffers: u64,
-    /// Its shared_buffers: the cap of its list, which holds its part of the hot set.
-    pub room: u64,
-    /// Blocks in its list, i.e. hot blocks (of its hottest part) its filter lacked.
-    pub sent: u64,
-    /// Blocks it read, hot and colder (filled) ones.
-    pub loaded: u64,
-    /// Of `loaded`, colder blocks that filled its unused buffers (fill_room).
-    pub filled: u64,
-    pub recovery_conflicts: u64,
-    pub storage_errors: u64,
-    /// Its replay lag rose above max_replay_lag: its share of the cycle ended there.
-    pub replay_paused: bool,
-}
-
-impl StandbyReport {
-    /// Hot blocks it lacks: those of its list, and those beyond its room (a standby smaller
-    /// than the hot set is sent only the hottest part, the rest counts as missing).
-    pub fn missing(&self) -> u64 {
-        self.hot_buffers
-            .saturating_sub(self.room.min(self.hot_buffers))
-            + self.sent
-    }
-
-    /// Its share of the hot set at scan time, as `status` and `wait` measure it.
-    pub fn coverage(&self) -> f64 {
-        coverage(self.hot_buffers, self.missing())
-    }
-}
-
-/// What one cycle did, summed over the standbys warmed.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct CycleReport {
-    /// Hot buffers the primary's scan found before filtering.
-    pub hot_buffers: u64,
-    pub buffers_scanned: u64,
-    /// Blocks in the lists, i.e. hot blocks the standbys' filters lacked.
-    pub sent: u64,
-    /// Colder blocks sent to fill unused buffers (fill_room); not part of `sent`.
-    pub colder_sent: u64,
-    pub batches: usize,
-    pub requested: u64,
-    pub loaded: u64,
-    pub already_cached: u64,
-    /// Skipped by the standbys, plus the blocks of batches lost to storage errors.
-    pub skipped: u64,
-    /// Batches lost to a storage error on a standby.
-    pub storage_errors: u64,
-    /// Recovery conflicts; one ends that standby's share of the cycle.
-    pub recovery_conflicts: u64,
-    /// Standbys whose share of the cycle ended because their replay lag passed max_replay_lag.
-    pub replay_pauses: u64,
-    pub filter_bytes: usize,
-    pub list_bytes: usize,
-    pub duration: Duration,
-    /// The standbys warmed this cycle, in order.
-    pub standbys: Vec<StandbyReport>,
-}
-
-impl CycleReport {
-    /// The share of the hot set cached at scan time, on the standby that had the least.
-    pub fn coverage(&self) -> f64 {
-        match self
-            .standbys
-            .iter()
-            .map(StandbyReport::coverage)
-            .reduce(f64::min)
-        {
-            Some(lowest) => lowest,
-            None => coverage(self.hot_buffers, self.sent),
-        }
-    }
-
-    /// This cycle's report of the standby called `name`.
-    pub(crate) fn standby_mut(&mut self, name: &str) -> Option<&mut StandbyReport> {
-        self.standbys.iter_mut().rev().find(|r| r.name == name)
-    }
-
-    /// Blocks standby `name` loaded this cycle, if its share ran to the end (no recovery
-    /// conflict, storage error or replay-lag pause cut it short): fill_room's condition.
-    pub(crate) fn loaded_whole_share(&self, name: &str) -> Option<u64> {
-        self.standbys
-            .iter()
-            .find(|r| {
-                r.name == name
-                    && r.recovery_conflicts == 0
-                    && r.storage_errors == 0
-                    && !r.replay_paused
-            })
-            .map(|r| r.loaded)
-    }
-
-    /// Adds what a standby's task did (`part`) to this cycle's report.
-    pub(crate) fn absorb(&mut self, part: CycleReport) {
-        self.hot_buffers = self.hot_buffers.max(part.hot_buffers);
-        self.buffers_scanned = self.buffers_scanned.max(part.buffers_scanned);
-        self.sent += part.sent;
-        self.colder_sent += part.colder_sent;
-        self.batches += part.batches;
-        self.requested += part.requested;
-        self.loaded += part.loaded;
-        self.already_cached += part.already_cached;
-        self.skipped += part.skipped;
-        self.storage_errors += part.storage_errors;
-        self.recovery_conflicts += part.recovery_conflicts;
-        self.replay_pauses += part.replay_pauses;
-        self.filter_bytes += part.filter_bytes;
-        self.list_bytes += part.list_bytes;
-        self.standbys.extend(part.standbys);
-    }
-
-    /// Whether the cycle was cut short by a recovery conflict or by replay lag.
-    pub fn interrupted(&self) -> bool {
-        self.recovery_conflicts > 0 || self.replay_pauses > 0
-    }
-}
 
 /// Every variant's message is complete (a node error's includes the server's message), and
 /// none also returns its cause as `source()`, so `{:#}` prints each message once.
@@ -1020,7 +899,8 @@ impl<N: NodeApi> Syncer<N> {
                 for (i, e) in troubles {
                     self.standby_trouble(i, &e);
                 }
-                return Ok(self.finish(report, started));
+                report.close(&self.metrics, started.elapsed(), None);
+                return Ok(report);
             }
             // Nothing to warm: the first standby's trouble is the cycle's, and the loop backs
             // off as a whole (the standbys' own backoffs start afresh).
@@ -1047,7 +927,7 @@ impl<N: NodeApi> Syncer<N> {
             self.primary_feed(&mut report).await?;
             Vec::new()
         } else {
-            self.hot_lists(&ready).await?
+            self.hot_lists(&ready, &mut report).await?
         };
         // Every node answered the CCM calls, so CCM is on again if it was off.
         self.mark_enabled();
@@ -1099,20 +979,17 @@ impl<N: NodeApi> Syncer<N> {
             self.fill_with_filters(&shared, &ready, &warmed, feed, &mut report)
                 .await?;
         }
-        self.metrics
-            .hot_set_blocks
-            .set(saturating_i64(report.hot_buffers));
         // The least covered standby, those still at work included (as they last reported).
-        let coverage = self
+        let lowest = self
             .standbys
             .iter()
             .filter(|s| s.busy())
             .filter_map(|s| s.last.as_ref())
             .map(StandbyReport::coverage)
             .fold(report.coverage(), f64::min);
-        self.metrics.coverage_ratio.set(coverage);
         self.last_hot_set = report.hot_buffers;
-        Ok(self.finish(report, started))
+        report.close(&self.metrics, started.elapsed(), Some(lowest));
+        Ok(report)
     }
 
     /// Step (5) with a standby's filter and a scan of the primary (the filter exchange, or a
@@ -1233,7 +1110,11 @@ impl<N: NodeApi> Syncer<N> {
     }
 
     /// Step (2): the lists, in the order of `ready`, from one scan when the extension can.
-    async fn hot_lists(&mut self, ready: &[(usize, Ready)]) -> Result<Vec<Vec<u8>>, CycleError> {
+    async fn hot_lists(
+        &mut self,
+        ready: &[(usize, Ready)],
+        report: &mut CycleReport,
+    ) -> Result<Vec<Vec<u8>>, CycleError> {
         let limits: Vec<i64> = ready
             .iter()
             .map(|(i, _)| {
@@ -1270,9 +1151,7 @@ impl<N: NodeApi> Syncer<N> {
             }
         }
         let bytes: usize = lists.iter().map(Vec::len).sum();
-        self.metrics
-            .block_list_bytes
-            .set(saturating_i64(bytes as u64));
+        report.note(&self.metrics, Event::Listed { bytes });
         Ok(lists)
     }
 
@@ -1289,7 +1168,6 @@ impl<N: NodeApi> Syncer<N> {
         if in_recovery {
             return Err(self.primary_demoted());
         }
-        note_feed_reset(&self.metrics, "primary", &answer);
         let names: Vec<String> = self.standbys.iter().map(|s| s.name.clone()).collect();
         let hot = {
             let mut mirror = self.mirror();
@@ -1305,13 +1183,13 @@ impl<N: NodeApi> Syncer<N> {
             seq: answer.seq,
         };
         self.primary_cursor = Some(cursor);
-        report.buffers_scanned = u64::try_from(answer.visited).unwrap_or(0);
-        report.hot_buffers = hot;
-        let bytes = answer_bytes(&answer);
-        report.list_bytes += bytes;
-        self.metrics
-            .block_list_bytes
-            .set(saturating_i64(bytes as u64));
+        report.note(
+            &self.metrics,
+            Event::PrimaryFed {
+                answer: &answer,
+                hot,
+            },
+        );
         Ok(())
     }
 
@@ -1381,12 +1259,6 @@ impl<N: NodeApi> Syncer<N> {
             "filling the standby's unused buffers with colder blocks"
         );
         Ok(Some(list.hottest_batches(batch, take)))
-    }
-
-    fn finish(&self, mut report: CycleReport, started: Instant) -> CycleReport {
-        report.duration = started.elapsed();
-        self.metrics.cycle_done(report.duration);
-        report
     }
 
     fn mark_enabled(&mut self) {
