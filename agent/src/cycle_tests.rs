@@ -370,3 +370,54 @@ async fn the_metrics_count_what_the_cycles_reports_say() {
     );
     assert_eq!(series(&rendered, "ccm_agent_coverage_ratio"), 1.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_active_agent_tells_the_primary_each_candidates_state_and_coverage() {
+    let mut c = cluster(41100, 2);
+    c.warm(&[0, 1]).await;
+    let rows = |c: &Cluster| {
+        let s = fake::lock(&c.primary);
+        let (agent, rows) = s.candidates.clone().expect("a report on the primary");
+        assert!(agent.ends_with(&format!(":{}", std::process::id())), "{agent}");
+        rows.into_iter()
+            .map(|r| (r.member, r.state.as_str(), r.coverage, r.missing_blocks))
+            .collect::<Vec<_>>()
+    };
+    let _ = c.cycle().await;
+    assert_eq!(
+        rows(&c),
+        vec![
+            ("127.0.0.1:41101".to_string(), "up", Some(1.0), Some(0)),
+            ("127.0.0.1:41102".to_string(), "up", Some(1.0), Some(0)),
+        ]
+    );
+    // The second standby goes down: its row says so, without figures that no longer hold.
+    {
+        let mut s = fake::lock(&c.standbys[1]);
+        s.refuse = true;
+        s.generation += 1;
+    }
+    let _ = c.syncer.cycle(None).await;
+    let _ = c.syncer.cycle(None).await;
+    assert_eq!(
+        rows(&c)[1],
+        ("127.0.0.1:41102".to_string(), "down", None, None)
+    );
+    assert_eq!(rows(&c)[0].1, "up");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_standing_by_writes_no_candidate_report() {
+    let mut c = cluster(41110, 1);
+    c.warm(&[0]).await;
+    let cfg = c.syncer.config();
+    let mut second: Syncer<FakeNode> =
+        Syncer::new(cfg, Arc::new(Metrics::new()), CancellationToken::new());
+    fake::lock(&c.primary).candidates = None;
+    let standing_by = second.cycle(None).await;
+    assert!(
+        matches!(standing_by, Err(crate::sync::CycleError::StandingBy { .. })),
+        "{standing_by:?}"
+    );
+    assert!(fake::lock(&c.primary).candidates.is_none());
+}

@@ -27,6 +27,7 @@ use crate::node::{
     WalSource,
 };
 use crate::nodeapi::NodeApi;
+use crate::report::CandidateRow;
 
 /// What a fake server is; the test changes it while the agent runs.
 #[derive(Debug, Default)]
@@ -57,6 +58,9 @@ pub struct Server {
     pub batches: u32,
     pub resets: u32,
     pub feed: Option<Feed>,
+    /// The last candidate report an agent wrote to this primary (ccm_candidates): the
+    /// agent's name and its rows.
+    pub candidates: Option<(String, Vec<CandidateRow>)>,
 }
 
 #[derive(Debug)]
@@ -457,6 +461,17 @@ impl NodeApi for FakeNode {
                 client_addr: Some("127.0.0.1".into()),
                 client_port: None,
             }))
+    }
+
+    async fn report_candidates(
+        &mut self,
+        agent: &str,
+        _interval_ms: i64,
+        rows: &[CandidateRow],
+    ) -> Result<bool, NodeError> {
+        self.check_open()?;
+        lock(&self.server).candidates = Some((agent.to_string(), rows.to_vec()));
+        Ok(true)
     }
 }
 

@@ -36,6 +36,7 @@ use ccm_codec::BlockList;
 use crate::conninfo::{ConnInfo, HostSpec};
 use crate::election;
 use crate::feed::FeedAnswer;
+use crate::report::CandidateRow;
 use crate::tls::{Failure, MakeTls, SslMode};
 use crate::wire::{self, ConnectError, PgConnection, Wire};
 
@@ -616,6 +617,8 @@ pub const CHANGE_FEED_SINCE: Version = Version(0, 5, 0);
 pub const OLDEST_SUPPORTED: Version = CHANGE_FEED_SINCE;
 /// The first whose change feed reports the colder blocks too (fill_room without filters).
 pub const COLDER_FEED_SINCE: Version = Version(0, 6, 0);
+/// The first with ccm_report_candidates() and the view ccm_candidates.
+pub const CANDIDATE_REPORT_SINCE: Version = Version(0, 8, 0);
 
 const SQL_FACTS: &str = "SELECT pg_is_in_recovery(), \
      (SELECT system_identifier FROM pg_control_system())::text, \
@@ -655,6 +658,8 @@ const SQL_WAL_CACHE: &str = "SELECT mode, size_blocks, held_blocks, locked_block
      oldest_ptr::text, newest_ptr::text FROM ccm_logical_wal_cache_status()";
 const SQL_WAL_CACHE_SLOTS: &str = "SELECT name, active_pid, cache_hit, cache_miss, blks_read, \
      hit_rate FROM aurora_stat_logical_wal_cache() ORDER BY name";
+const SQL_REPORT_CANDIDATES: &str = "SELECT ccm_report_candidates($1::text, $2::int8, \
+     $3::text[], $4::text[], $5::float8[], $6::int8[], $7::int8[])";
 const SQL_HOT_COUNT: &str = "SELECT count(*) FROM ccm_hot_buffers()";
 const SQL_MISSING_COUNT: &str = "SELECT count(*) FROM ccm_hot_buffers($1::bytea)";
 
@@ -1354,6 +1359,31 @@ impl Node {
             client_addr: col.get(2)?,
             client_port: col.get(3)?,
         }))
+    }
+
+    /// Primary: records the agent's report of the failover candidates in ccm_candidates (one
+    /// statement, which replaces the last report). Ok(false) under a catalog before 0.8.0.
+    pub async fn report_candidates(
+        &mut self,
+        agent: &str,
+        interval_ms: i64,
+        rows: &[CandidateRow],
+    ) -> Result<bool, NodeError> {
+        if !self.facts.supports(CANDIDATE_REPORT_SINCE) {
+            return Ok(false);
+        }
+        let members: Vec<&str> = rows.iter().map(|r| r.member.as_str()).collect();
+        let states: Vec<&str> = rows.iter().map(|r| r.state.as_str()).collect();
+        let coverage: Vec<Option<f64>> = rows.iter().map(|r| r.coverage).collect();
+        let missing: Vec<Option<i64>> = rows.iter().map(|r| r.missing_blocks).collect();
+        let hot: Vec<Option<i64>> = rows.iter().map(|r| r.hot_blocks).collect();
+        self.query_one(
+            "ccm_report_candidates()",
+            SQL_REPORT_CANDIDATES,
+            &[&agent, &interval_ms, &members, &states, &coverage, &missing, &hot],
+        )
+        .await?;
+        Ok(true)
     }
 
     /// Primary: hot buffers, all of them or only those `filter` lacks.

@@ -18,6 +18,7 @@ use crate::node::{
     self, ConnectOptions, Node, NodeError, NodeFacts, PrewarmResult, Side, WalCacheStatus,
     WalSource,
 };
+use crate::report::CandidateRow;
 
 /// A session on one node, as the cycle uses it.
 pub trait NodeApi: Send + Sized + 'static {
@@ -92,6 +93,14 @@ pub trait NodeApi: Send + Sized + 'static {
     fn agent_lock_holder(
         &mut self,
     ) -> impl Future<Output = Result<Option<Holder>, NodeError>> + Send;
+    /// Primary: records the agent's report of the candidates (`ccm_candidates`); false when
+    /// its catalog has no such function (before 0.8.0), and nothing was sent.
+    fn report_candidates(
+        &mut self,
+        agent: &str,
+        interval_ms: i64,
+        rows: &[CandidateRow],
+    ) -> impl Future<Output = Result<bool, NodeError>> + Send;
 }
 
 impl NodeApi for Node {
@@ -220,5 +229,14 @@ impl NodeApi for Node {
         &mut self,
     ) -> impl Future<Output = Result<Option<Holder>, NodeError>> + Send {
         Node::agent_lock_holder(self)
+    }
+
+    fn report_candidates(
+        &mut self,
+        agent: &str,
+        interval_ms: i64,
+        rows: &[CandidateRow],
+    ) -> impl Future<Output = Result<bool, NodeError>> + Send {
+        Node::report_candidates(self, agent, interval_ms, rows)
     }
 }

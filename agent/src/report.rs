@@ -296,6 +296,61 @@ impl CycleReport {
     }
 }
 
+/// One failover candidate as the agent tells the primary after a cycle (`ccm_candidates`,
+/// extension 0.8.0): its state, and its share of the hot set when it last reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CandidateRow {
+    pub member: String,
+    pub state: CandidateState,
+    pub coverage: Option<f64>,
+    pub missing_blocks: Option<i64>,
+    pub hot_blocks: Option<i64>,
+}
+
+/// A candidate's state in `ccm_candidates`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CandidateState {
+    /// Connected; its last share of a cycle ran to the end.
+    Up,
+    /// Connected; its task is still loading (a cold or large standby).
+    Warming,
+    /// Connected; its replay lag is above max_replay_lag, so warming waits for replay.
+    Paused,
+    /// Its task has not heard from it for a while (a partition, a frozen host).
+    Silent,
+    /// No session: down, refused, or not yet reached.
+    Down,
+}
+
+impl CandidateState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CandidateState::Up => "up",
+            CandidateState::Warming => "warming",
+            CandidateState::Paused => "paused",
+            CandidateState::Silent => "silent",
+            CandidateState::Down => "down",
+        }
+    }
+}
+
+impl CandidateRow {
+    /// A candidate in `state`, with its figures from `last` (its last share of a cycle) where
+    /// they still say something: not for a candidate that is down or silent.
+    pub fn new(member: &str, state: CandidateState, last: Option<&StandbyReport>) -> Self {
+        let known =
+            last.filter(|_| !matches!(state, CandidateState::Down | CandidateState::Silent));
+        let count = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        CandidateRow {
+            member: member.to_string(),
+            state,
+            coverage: known.map(StandbyReport::coverage),
+            missing_blocks: known.map(|r| count(r.missing())),
+            hot_blocks: known.map(|r| count(r.hot_buffers)),
+        }
+    }
+}
+
 /// Logs (once per reset) and counts a node's feed starting over.
 fn feed_reset(metrics: &Metrics, node: &str, answer: &FeedAnswer) {
     if answer.reset {

@@ -3,8 +3,8 @@
 //! A cycle: (0) the topology (topology.rs: the connection strings, or Patroni's leader and
 //! failover candidates), (1) each standby's bloom filter of what it caches, (2) one scan of
 //! the primary that returns, per standby, the hot blocks its filter lacks, at most its
-//! shared_buffers (`ccm_hot_blocks_each`; an extension older than 0.4 gets one
-//! `ccm_hot_blocks` call per standby), (3) each list split hottest-first into batches,
+//! shared_buffers (`ccm_hot_blocks_each`, or `ccm_hot_blocks` for a single standby),
+//! (3) each list split hottest-first into batches,
 //! (4) one short `ccm_prewarm` call per batch, (5) with `fill_room`, for a standby that loaded its whole list and has unused buffers
 //! left: the primary's colder cached blocks it lacks, hottest first, as many as those
 //! buffers take (a second scan, made only while there is such room).
@@ -45,6 +45,9 @@
 //!
 //! Only the `run` daemon that holds the cluster's lock on the primary warms (election.rs);
 //! the others stop each cycle right after the try, before any call to a node's feed.
+//! After each cycle the active daemon writes what it knows of every candidate (state,
+//! coverage) to the primary's view `ccm_candidates` (extension 0.8.0), for SQL monitoring.
+//! What a cycle did is counted in the report and the metrics together (report.rs).
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -68,7 +71,7 @@ use crate::node::{ConnectOptions, Node, NodeError, Side, WalSource};
 use crate::nodeapi::NodeApi;
 use crate::notify;
 use crate::patroni;
-use crate::report::{CycleReport, Event, StandbyReport};
+use crate::report::{CandidateRow, CandidateState, CycleReport, Event, StandbyReport};
 use crate::retry::{self, Episode, Kind, Pace};
 use crate::standby::{
     self, addresses, count_node_wire, unused_room, Done, PrimaryView, Ready, Shared, Standby, Tier,
@@ -83,6 +86,20 @@ use crate::walsender::Endpoint;
 /// connections, not a doubled backoff later (which would add about as long again as the
 /// restart took). Slow failures (authentication, TLS, the extension) back off to max_backoff.
 const RECONNECT_CEILING: Duration = Duration::from_secs(1);
+
+/// This agent in the primary's ccm_candidates: its host's name (at most 40 bytes) and its
+/// process id, which tell two agents of one cluster apart.
+fn agent_name() -> String {
+    let mut host = whoami::hostname().unwrap_or_else(|_| "?".into());
+    if host.len() > 40 {
+        let mut end = 40;
+        while !host.is_char_boundary(end) {
+            end -= 1;
+        }
+        host.truncate(end);
+    }
+    format!("{host}:{}", std::process::id())
+}
 
 /// Every variant's message is complete (a node error's includes the server's message), and
 /// none also returns its cause as `source()`, so `{:#}` prints each message once.
@@ -295,6 +312,10 @@ pub struct Syncer<N: NodeApi = Node> {
     last_hot_set: u64,
     /// One active agent per cluster (election.rs); None for `sync --once`.
     election: Option<Election>,
+    /// Who this agent is in the primary's ccm_candidates: its host and process id.
+    agent_name: String,
+    /// Writing the candidate report failed, and that was logged (once per episode).
+    report_failing: bool,
 }
 
 impl<N: NodeApi> Syncer<N> {
@@ -322,6 +343,8 @@ impl<N: NodeApi> Syncer<N> {
             feed_absent_logged: None,
             last_hot_set: 0,
             election: Some(Election::default()),
+            agent_name: agent_name(),
+            report_failing: false,
         }
     }
 
@@ -859,8 +882,82 @@ impl<N: NodeApi> Syncer<N> {
 
     // ---- the cycle --------------------------------------------------------------------
 
-    /// One cycle; `progress` (sync --once) counts blocks processed.
+    /// One cycle; `progress` (sync --once) counts blocks processed. Then the active agent
+    /// tells the primary what it knows of each candidate (ccm_candidates), also after a cycle
+    /// that failed because no standby could be warmed: that is when it matters most.
     pub async fn cycle(
+        &mut self,
+        progress: Option<&ProgressBar>,
+    ) -> Result<CycleReport, CycleError> {
+        let result = self.warm_cycle(progress).await;
+        if !matches!(result, Err(CycleError::Cancelled)) {
+            self.report_candidates().await;
+        }
+        result
+    }
+
+    /// Each candidate's state and, where it still says something, its share of the hot set
+    /// when it last reported.
+    fn candidate_rows(&self) -> Vec<CandidateRow> {
+        self.standbys
+            .iter()
+            .map(|slot| {
+                let paused = slot.last.as_ref().is_some_and(|r| r.replay_paused);
+                let state = if slot.silent {
+                    CandidateState::Silent
+                } else if !slot.up() {
+                    CandidateState::Down
+                } else if paused {
+                    CandidateState::Paused
+                } else if slot.busy() {
+                    CandidateState::Warming
+                } else {
+                    CandidateState::Up
+                };
+                CandidateRow::new(&slot.name, state, slot.last.as_ref())
+            })
+            .collect()
+    }
+
+    /// Writes the candidates' rows to the primary's ccm_candidates, while this agent holds
+    /// the cluster's lock (a standing-by agent's or `sync --once`'s view is not the
+    /// cluster's). Under a catalog before 0.8.0 nothing is sent. A failure is logged once per
+    /// episode and never stops warming.
+    async fn report_candidates(&mut self) {
+        if !self.election.as_ref().is_some_and(Election::is_active) {
+            return;
+        }
+        let rows = self.candidate_rows();
+        let interval_ms = i64::try_from(self.cfg.interval.as_millis()).unwrap_or(i64::MAX);
+        let Some(primary) = self.primary.as_mut() else {
+            return;
+        };
+        let result = primary
+            .report_candidates(&self.agent_name, interval_ms.max(1), &rows)
+            .await;
+        match result {
+            Ok(_) => {
+                if std::mem::take(&mut self.report_failing) {
+                    info!("the candidate report reaches the primary's ccm_candidates again");
+                }
+            }
+            Err(error) => {
+                if error.breaks_connection() {
+                    self.drop_primary();
+                }
+                if std::mem::replace(&mut self.report_failing, true) {
+                    debug!("writing the candidate report failed: {error}");
+                } else {
+                    warn!(
+                        "writing the candidate report to the primary's ccm_candidates failed: \
+                         {error}; warming goes on"
+                    );
+                }
+            }
+        }
+    }
+
+    async fn warm_cycle(
         &mut self,
         progress: Option<&ProgressBar>,
     ) -> Result<CycleReport, CycleError> {

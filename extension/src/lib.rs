@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 mod block_list;
 mod buffers;
 mod call_shape;
+mod candidates;
 mod catalog_oid;
 mod changes;
 mod compat;
@@ -43,6 +44,7 @@ pub extern "C-unwind" fn _PG_init() {
     failpoints::init();
     gucs::init();
     shmem::init();
+    candidates::init();
     changes::init();
     wal_cache::init();
 }
@@ -131,6 +133,9 @@ REVOKE ALL ON FUNCTION aurora_stat_reset_wal_cache(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION get_oldest_wal_cache_ptr() FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_logical_wal_cache_status() FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_library_version() FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_report_candidates(text, int8, text[], text[], float8[], int8[], int8[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ccm_candidate_reports() FROM PUBLIC;
+REVOKE ALL ON ccm_candidates FROM PUBLIC;
 
 GRANT EXECUTE ON FUNCTION aurora_ccm_status() TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_filter_info(bytea) TO pg_monitor, ccm_agent;
@@ -148,6 +153,11 @@ GRANT EXECUTE ON FUNCTION aurora_stat_logical_wal_cache() TO pg_monitor, ccm_age
 GRANT EXECUTE ON FUNCTION get_oldest_wal_cache_ptr() TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_logical_wal_cache_status() TO pg_monitor, ccm_agent;
 GRANT EXECUTE ON FUNCTION ccm_library_version() TO pg_monitor, ccm_agent;
+-- The agent writes its report of the candidates; monitoring reads it (the view's function
+-- runs with the reader's privileges, so it is granted with the view).
+GRANT EXECUTE ON FUNCTION ccm_report_candidates(text, int8, text[], text[], float8[], int8[], int8[]) TO ccm_agent;
+GRANT EXECUTE ON FUNCTION ccm_candidate_reports() TO pg_monitor, ccm_agent;
+GRANT SELECT ON ccm_candidates TO pg_monitor, ccm_agent;
 -- Resetting statistics is for superusers, as pg_stat_reset() is.
 "#,
     name = "privileges",

@@ -111,12 +111,17 @@ def test_create_extension_without_preloading_explains_what_to_do():
 
 def test_an_upgrade_from_0_1_0_equals_a_fresh_install():
     """ALTER EXTENSION pg_ccm UPDATE gives the same functions, bound to the same symbols of
-    the library, with the same privileges."""
+    the library, and the same views, with the same privileges."""
     def surface(node: Node, dbname: str) -> list[tuple]:
         return node.sql(
             "SELECT p.oid::regprocedure::text, pg_get_function_result(p.oid), p.prosrc, p.proacl::text "
             "FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e' "
-            "JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'pg_ccm' ORDER BY 1", dbname=dbname)
+            "JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'pg_ccm' "
+            "UNION ALL "
+            "SELECT c.oid::regclass::text, pg_get_viewdef(c.oid), obj_description(c.oid, 'pg_class'), c.relacl::text "
+            "FROM pg_class c JOIN pg_depend d ON d.objid = c.oid AND d.deptype = 'e' "
+            "JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'pg_ccm' "
+            "WHERE c.relkind = 'v' ORDER BY 1", dbname=dbname)
 
     cluster = Cluster()
     try:
@@ -133,8 +138,9 @@ def test_an_upgrade_from_0_1_0_equals_a_fresh_install():
         assert primary.one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ccm'", dbname="upgraded") == newest
         assert surface(primary, "upgraded") == surface(primary, "fresh")
         # 0.2.0: the WAL cache's four functions; 0.4.0: ccm_hot_blocks_each and ccm_wal_source;
-        # 0.5.0: ccm_buffer_changes (0.6.0 gave it the colder lists); 0.7.0: ccm_library_version.
-        assert len(surface(primary, "fresh")) == len(old) + 8
+        # 0.5.0: ccm_buffer_changes (0.6.0 gave it the colder lists); 0.7.0: ccm_library_version;
+        # 0.8.0: ccm_report_candidates, ccm_candidate_reports and the view ccm_candidates.
+        assert len(surface(primary, "fresh")) == len(old) + 11
     finally:
         cluster.destroy()
 
