@@ -5,7 +5,7 @@
    ccm_report_candidates(), granted to ccm_agent only. The view ccm_candidates shows the last
    report to pg_monitor: psql in an incident, postgres_exporter's custom queries or pgwatch
    see per candidate what `ccm-agent status` shows, and whether the report is stale (older
-   than three of the agent's intervals).
+   than three times the delay within which the agent said its next report was due).
 
    Nothing that 0.7.0 has changes shape, so a 0.7.0 library serves this catalog's other
    functions; the two new ones fail there with "could not find function" until the node runs
@@ -17,7 +17,7 @@
 
 CREATE FUNCTION "ccm_report_candidates"(
 	"agent" TEXT,
-	"interval_ms" bigint,
+	"next_report_ms" bigint,
 	"member" TEXT[],
 	"state" TEXT[],
 	"coverage" double precision[],
@@ -43,7 +43,7 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'ccm_candidate_reports_wrapper';
 
 CREATE VIEW ccm_candidates AS SELECT * FROM ccm_candidate_reports();
-COMMENT ON VIEW ccm_candidates IS 'The active ccm-agent''s last report of each failover candidate (on the primary); stale when older than three of its intervals';
+COMMENT ON VIEW ccm_candidates IS 'The active ccm-agent''s last report of each failover candidate (on the primary); stale when older than three times the delay it announced for the next';
 
 REVOKE ALL ON FUNCTION ccm_report_candidates(text, int8, text[], text[], float8[], int8[], int8[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ccm_candidate_reports() FROM PUBLIC;

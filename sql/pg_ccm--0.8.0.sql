@@ -133,7 +133,7 @@ AS 'MODULE_PATHNAME', 'ccm_buffer_filter_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- extension/src/candidates.rs:208
+-- extension/src/candidates.rs:211
 -- pg_ccm::candidates::ccm_candidate_reports
 CREATE  FUNCTION "ccm_candidate_reports"() RETURNS TABLE (
 	"member" TEXT,  /* String */
@@ -151,13 +151,13 @@ AS 'MODULE_PATHNAME', 'ccm_candidate_reports_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- extension/src/candidates.rs:246
+-- extension/src/candidates.rs:249
 -- requires:
 --   ccm_candidate_reports
 
 
 CREATE VIEW ccm_candidates AS SELECT * FROM ccm_candidate_reports();
-COMMENT ON VIEW ccm_candidates IS 'The active ccm-agent''s last report of each failover candidate (on the primary); stale when older than three of its intervals';
+COMMENT ON VIEW ccm_candidates IS 'The active ccm-agent''s last report of each failover candidate (on the primary); stale when older than three times the delay it announced for the next';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -282,11 +282,11 @@ AS 'MODULE_PATHNAME', 'ccm_prewarm_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- extension/src/candidates.rs:145
+-- extension/src/candidates.rs:148
 -- pg_ccm::candidates::ccm_report_candidates
 CREATE  FUNCTION "ccm_report_candidates"(
 	"agent" TEXT, /* & str */
-	"interval_ms" bigint, /* i64 */
+	"next_report_ms" bigint, /* i64 */
 	"member" TEXT[], /* Array < '_, & str > */
 	"state" TEXT[], /* Array < '_, & str > */
 	"coverage" double precision[], /* Array < '_, f64 > */

@@ -377,13 +377,19 @@ async fn the_active_agent_tells_the_primary_each_candidates_state_and_coverage()
     c.warm(&[0, 1]).await;
     let rows = |c: &Cluster| {
         let s = fake::lock(&c.primary);
-        let (agent, rows) = s.candidates.clone().expect("a report on the primary");
-        assert!(agent.ends_with(&format!(":{}", std::process::id())), "{agent}");
+        let (agent, due_ms, rows) = s.candidates.clone().expect("a report on the primary");
+        assert!(
+            agent.ends_with(&format!(":{}", std::process::id())),
+            "{agent}"
+        );
+        // The run loop's wait (here 300 ms) and a cycle (at least 1 s).
+        assert_eq!(due_ms, 1300);
         rows.into_iter()
             .map(|r| (r.member, r.state.as_str(), r.coverage, r.missing_blocks))
             .collect::<Vec<_>>()
     };
     let _ = c.cycle().await;
+    c.syncer.report_candidates(Duration::from_millis(300)).await;
     assert_eq!(
         rows(&c),
         vec![
@@ -399,6 +405,7 @@ async fn the_active_agent_tells_the_primary_each_candidates_state_and_coverage()
     }
     let _ = c.syncer.cycle(None).await;
     let _ = c.syncer.cycle(None).await;
+    c.syncer.report_candidates(Duration::from_millis(300)).await;
     assert_eq!(
         rows(&c)[1],
         ("127.0.0.1:41102".to_string(), "down", None, None)
@@ -419,5 +426,9 @@ async fn an_agent_standing_by_writes_no_candidate_report() {
         matches!(standing_by, Err(crate::sync::CycleError::StandingBy { .. })),
         "{standing_by:?}"
     );
+    second.report_candidates(Duration::from_millis(200)).await;
     assert!(fake::lock(&c.primary).candidates.is_none());
+    // The active one writes (the same call).
+    c.syncer.report_candidates(Duration::from_millis(200)).await;
+    assert!(fake::lock(&c.primary).candidates.is_some());
 }

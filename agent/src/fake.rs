@@ -59,8 +59,8 @@ pub struct Server {
     pub resets: u32,
     pub feed: Option<Feed>,
     /// The last candidate report an agent wrote to this primary (ccm_candidates): the
-    /// agent's name and its rows.
-    pub candidates: Option<(String, Vec<CandidateRow>)>,
+    /// agent's name, when its next report is due (ms) and its rows.
+    pub candidates: Option<(String, i64, Vec<CandidateRow>)>,
 }
 
 #[derive(Debug)]
@@ -466,11 +466,11 @@ impl NodeApi for FakeNode {
     async fn report_candidates(
         &mut self,
         agent: &str,
-        _interval_ms: i64,
+        next_report_ms: i64,
         rows: &[CandidateRow],
     ) -> Result<bool, NodeError> {
         self.check_open()?;
-        lock(&self.server).candidates = Some((agent.to_string(), rows.to_vec()));
+        lock(&self.server).candidates = Some((agent.to_string(), next_report_ms, rows.to_vec()));
         Ok(true)
     }
 }

@@ -29,7 +29,7 @@ use tokio_postgres::error::{DbError, Severity, SqlState};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, Row, Statement};
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, info};
 
 use ccm_codec::BlockList;
 
@@ -658,6 +658,12 @@ const SQL_WAL_CACHE: &str = "SELECT mode, size_blocks, held_blocks, locked_block
      oldest_ptr::text, newest_ptr::text FROM ccm_logical_wal_cache_status()";
 const SQL_WAL_CACHE_SLOTS: &str = "SELECT name, active_pid, cache_hit, cache_miss, blks_read, \
      hit_rate FROM aurora_stat_logical_wal_cache() ORDER BY name";
+const SQL_CATALOG_VERSION: &str =
+    "SELECT extversion::text FROM pg_extension WHERE extname = 'pg_ccm'";
+/// How many unsent candidate reports (a catalog before 0.8.0) before the catalog's version is
+/// read again: ALTER EXTENSION pg_ccm UPDATE is the last step of an upgrade, and the agent
+/// keeps its primary session for days.
+const CATALOG_RECHECK_EVERY: u32 = 60;
 const SQL_REPORT_CANDIDATES: &str = "SELECT ccm_report_candidates($1::text, $2::int8, \
      $3::text[], $4::text[], $5::float8[], $6::int8[], $7::int8[])";
 const SQL_HOT_COUNT: &str = "SELECT count(*) FROM ccm_hot_buffers()";
@@ -691,6 +697,9 @@ pub struct Node {
     pub feed_after: i64,
     /// The session's socket: the bytes it carried, where its cancel requests go (wire.rs).
     wire: Wire,
+    /// Candidate reports not sent because the catalog predates them: every
+    /// CATALOG_RECHECK_EVERY of them, the catalog's version is read again.
+    reports_skipped: u32,
 }
 
 impl fmt::Debug for Node {
@@ -943,6 +952,7 @@ impl Node {
             cancel: cancel.clone(),
             statements: HashMap::new(),
             feed_after: 0,
+            reports_skipped: 0,
             wire,
         };
         // One statement, so no implicit transaction block; values are integers we format.
@@ -1362,15 +1372,36 @@ impl Node {
     }
 
     /// Primary: records the agent's report of the failover candidates in ccm_candidates (one
-    /// statement, which replaces the last report). Ok(false) under a catalog before 0.8.0.
+    /// statement, which replaces the last report); the next is due within `next_report_ms`.
+    /// Ok(false) under a catalog before 0.8.0, whose version is read again every
+    /// CATALOG_RECHECK_EVERY reports, so that an ALTER EXTENSION UPDATE is seen without a
+    /// new session (the primary's library is never older than its catalog).
     pub async fn report_candidates(
         &mut self,
         agent: &str,
-        interval_ms: i64,
+        next_report_ms: i64,
         rows: &[CandidateRow],
     ) -> Result<bool, NodeError> {
         if !self.facts.supports(CANDIDATE_REPORT_SINCE) {
-            return Ok(false);
+            self.reports_skipped += 1;
+            if self.reports_skipped < CATALOG_RECHECK_EVERY {
+                return Ok(false);
+            }
+            self.reports_skipped = 0;
+            const WHAT: &str = "the extension's version";
+            let row = self.query_one(WHAT, SQL_CATALOG_VERSION, &[]).await?;
+            let version: Option<String> = Columns::new(self, WHAT, &row).get(0)?;
+            if version != self.facts.extension_version {
+                info!(
+                    "{}: the extension's catalog is now {}",
+                    self.label(),
+                    version.as_deref().unwrap_or("not installed")
+                );
+                self.facts.extension_version = version;
+            }
+            if !self.facts.supports(CANDIDATE_REPORT_SINCE) {
+                return Ok(false);
+            }
         }
         let members: Vec<&str> = rows.iter().map(|r| r.member.as_str()).collect();
         let states: Vec<&str> = rows.iter().map(|r| r.state.as_str()).collect();
@@ -1380,7 +1411,15 @@ impl Node {
         self.query_one(
             "ccm_report_candidates()",
             SQL_REPORT_CANDIDATES,
-            &[&agent, &interval_ms, &members, &states, &coverage, &missing, &hot],
+            &[
+                &agent,
+                &next_report_ms,
+                &members,
+                &states,
+                &coverage,
+                &missing,
+                &hot,
+            ],
         )
         .await?;
         Ok(true)

@@ -93,12 +93,13 @@ pub trait NodeApi: Send + Sized + 'static {
     fn agent_lock_holder(
         &mut self,
     ) -> impl Future<Output = Result<Option<Holder>, NodeError>> + Send;
-    /// Primary: records the agent's report of the candidates (`ccm_candidates`); false when
-    /// its catalog has no such function (before 0.8.0), and nothing was sent.
+    /// Primary: records the agent's report of the candidates (`ccm_candidates`), the next due
+    /// within `next_report_ms`; false when its catalog has no such function (before 0.8.0),
+    /// and nothing was sent.
     fn report_candidates(
         &mut self,
         agent: &str,
-        interval_ms: i64,
+        next_report_ms: i64,
         rows: &[CandidateRow],
     ) -> impl Future<Output = Result<bool, NodeError>> + Send;
 }
@@ -234,9 +235,9 @@ impl NodeApi for Node {
     fn report_candidates(
         &mut self,
         agent: &str,
-        interval_ms: i64,
+        next_report_ms: i64,
         rows: &[CandidateRow],
     ) -> impl Future<Output = Result<bool, NodeError>> + Send {
-        Node::report_candidates(self, agent, interval_ms, rows)
+        Node::report_candidates(self, agent, next_report_ms, rows)
     }
 }

@@ -296,6 +296,22 @@ impl CycleReport {
     }
 }
 
+/// Most candidates, and longest names in bytes, the primary's report keeps (extension's
+/// candidates.rs); the agent stays within them, so that one long name never loses the report.
+pub const REPORT_MAX_CANDIDATES: usize = 64;
+pub const REPORT_MAX_NAME: usize = 63;
+/// Longest delay the extension accepts for the next report (a day).
+pub const REPORT_MAX_DUE_MS: i64 = 86_400_000;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+pub fn truncated(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// One failover candidate as the agent tells the primary after a cycle (`ccm_candidates`,
 /// extension 0.8.0): its state, and its share of the hot set when it last reported.
 #[derive(Debug, Clone, PartialEq)]
@@ -342,7 +358,7 @@ impl CandidateRow {
             last.filter(|_| !matches!(state, CandidateState::Down | CandidateState::Silent));
         let count = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         CandidateRow {
-            member: member.to_string(),
+            member: truncated(member, REPORT_MAX_NAME).to_string(),
             state,
             coverage: known.map(StandbyReport::coverage),
             missing_blocks: known.map(|r| count(r.missing())),
@@ -450,6 +466,18 @@ mod tests {
         ] {
             assert!(rendered.lines().any(|l| l == line), "{line} in\n{rendered}");
         }
+    }
+
+    #[test]
+    fn a_candidates_name_is_cut_to_what_the_primary_keeps_at_a_character_boundary() {
+        let long = format!("{}é:5432", "r".repeat(REPORT_MAX_NAME - 1));
+        let row = CandidateRow::new(&long, CandidateState::Down, None);
+        assert_eq!(
+            row.member,
+            "r".repeat(REPORT_MAX_NAME - 1),
+            "é would cross the limit"
+        );
+        assert_eq!(truncated("db2:5432", REPORT_MAX_NAME), "db2:5432");
     }
 
     #[test]

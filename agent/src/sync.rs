@@ -71,7 +71,10 @@ use crate::node::{ConnectOptions, Node, NodeError, Side, WalSource};
 use crate::nodeapi::NodeApi;
 use crate::notify;
 use crate::patroni;
-use crate::report::{CandidateRow, CandidateState, CycleReport, Event, StandbyReport};
+use crate::report::{
+    CandidateRow, CandidateState, CycleReport, Event, StandbyReport, REPORT_MAX_CANDIDATES,
+    REPORT_MAX_DUE_MS,
+};
 use crate::retry::{self, Episode, Kind, Pace};
 use crate::standby::{
     self, addresses, count_node_wire, unused_room, Done, PrimaryView, Ready, Shared, Standby, Tier,
@@ -90,15 +93,12 @@ const RECONNECT_CEILING: Duration = Duration::from_secs(1);
 /// This agent in the primary's ccm_candidates: its host's name (at most 40 bytes) and its
 /// process id, which tell two agents of one cluster apart.
 fn agent_name() -> String {
-    let mut host = whoami::hostname().unwrap_or_else(|_| "?".into());
-    if host.len() > 40 {
-        let mut end = 40;
-        while !host.is_char_boundary(end) {
-            end -= 1;
-        }
-        host.truncate(end);
-    }
-    format!("{host}:{}", std::process::id())
+    let host = whoami::hostname().unwrap_or_else(|_| "?".into());
+    format!(
+        "{}:{}",
+        crate::report::truncated(&host, 40),
+        std::process::id()
+    )
 }
 
 /// Every variant's message is complete (a node error's includes the server's message), and
@@ -882,30 +882,25 @@ impl<N: NodeApi> Syncer<N> {
 
     // ---- the cycle --------------------------------------------------------------------
 
-    /// One cycle; `progress` (sync --once) counts blocks processed. Then the active agent
-    /// tells the primary what it knows of each candidate (ccm_candidates), also after a cycle
-    /// that failed because no standby could be warmed: that is when it matters most.
-    pub async fn cycle(
-        &mut self,
-        progress: Option<&ProgressBar>,
-    ) -> Result<CycleReport, CycleError> {
-        let result = self.warm_cycle(progress).await;
-        if !matches!(result, Err(CycleError::Cancelled)) {
-            self.report_candidates().await;
-        }
-        result
-    }
-
     /// Each candidate's state and, where it still says something, its share of the hot set
     /// when it last reported.
+    /// A standby that keeps its session but waits out a backoff (its last call failed) is
+    /// down too. At most the first REPORT_MAX_CANDIDATES, as the view keeps.
     fn candidate_rows(&self) -> Vec<CandidateRow> {
+        let now = Instant::now();
         self.standbys
             .iter()
+            .take(REPORT_MAX_CANDIDATES)
             .map(|slot| {
                 let paused = slot.last.as_ref().is_some_and(|r| r.replay_paused);
+                let backing_off = slot
+                    .standby
+                    .as_ref()
+                    .and_then(|s| s.retry_at)
+                    .is_some_and(|at| at > now);
                 let state = if slot.silent {
                     CandidateState::Silent
-                } else if !slot.up() {
+                } else if !slot.up() || backing_off {
                     CandidateState::Down
                 } else if paused {
                     CandidateState::Paused
@@ -919,21 +914,25 @@ impl<N: NodeApi> Syncer<N> {
             .collect()
     }
 
-    /// Writes the candidates' rows to the primary's ccm_candidates, while this agent holds
-    /// the cluster's lock (a standing-by agent's or `sync --once`'s view is not the
-    /// cluster's). Under a catalog before 0.8.0 nothing is sent. A failure is logged once per
-    /// episode and never stops warming.
-    async fn report_candidates(&mut self) {
+    /// After a cycle, the run loop's: writes the candidates' rows to the primary's
+    /// ccm_candidates, while this agent holds the cluster's lock (a standing-by agent's or
+    /// `sync --once`'s view is not the cluster's), also after a cycle that failed because no
+    /// standby could be warmed, when it matters most. The next report is due after `next_in`
+    /// (the interval's rest, or the backoff) and a cycle; the view calls the report stale
+    /// when three times that has passed. Under a catalog before 0.8.0 nothing is sent. A
+    /// failure is logged once per episode and never stops warming.
+    pub async fn report_candidates(&mut self, next_in: Duration) {
         if !self.election.as_ref().is_some_and(Election::is_active) {
             return;
         }
         let rows = self.candidate_rows();
-        let interval_ms = i64::try_from(self.cfg.interval.as_millis()).unwrap_or(i64::MAX);
+        let due = next_in + self.cfg.interval.max(PREPARE_WAIT_MIN);
+        let due_ms = i64::try_from(due.as_millis()).unwrap_or(i64::MAX);
         let Some(primary) = self.primary.as_mut() else {
             return;
         };
         let result = primary
-            .report_candidates(&self.agent_name, interval_ms.max(1), &rows)
+            .report_candidates(&self.agent_name, due_ms.clamp(1, REPORT_MAX_DUE_MS), &rows)
             .await;
         match result {
             Ok(_) => {
@@ -941,6 +940,7 @@ impl<N: NodeApi> Syncer<N> {
                     info!("the candidate report reaches the primary's ccm_candidates again");
                 }
             }
+            Err(NodeError::Cancelled) => {}
             Err(error) => {
                 if error.breaks_connection() {
                     self.drop_primary();
@@ -957,7 +957,8 @@ impl<N: NodeApi> Syncer<N> {
         }
     }
 
-    async fn warm_cycle(
+    /// One cycle; `progress` (sync --once) counts blocks processed.
+    pub async fn cycle(
         &mut self,
         progress: Option<&ProgressBar>,
     ) -> Result<CycleReport, CycleError> {
@@ -1574,6 +1575,7 @@ pub async fn run(
                 delay
             }
         };
+        syncer.report_candidates(wait).await;
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = tokio::time::sleep(wait) => {}

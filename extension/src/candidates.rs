@@ -7,8 +7,9 @@
 //! memory: at most `MAX_CANDIDATES` rows, names and states of at most `MAX_NAME` bytes, all of
 //! it checked before anything is stored, under one LWLock held for a copy. The view
 //! `ccm_candidates` (over `ccm_candidate_reports()`) shows it with the time of the report and
-//! whether it is stale: older than `STALE_INTERVALS` of the agent's intervals, which is what an
-//! agent that stopped, lost its session or stands by leaves behind. Shared memory is the
+//! whether it is stale: older than `STALE_FACTOR` times the delay within which the agent said
+//! its next report is due (its interval, or its backoff after a failure, plus a cycle), which
+//! is what an agent that stopped, lost its session or stands by leaves behind. Shared memory is the
 //! primary's own (not WAL-logged, not kept across a restart): a standby shows no rows, and a
 //! new primary shows its first report one agent cycle after the promotion.
 
@@ -23,11 +24,12 @@ const MAX_CANDIDATES: usize = 64;
 /// Longest member name, state or agent name, in bytes (NAMEDATALEN - 1).
 const MAX_NAME: usize = 63;
 
-/// A report older than this many of the agent's intervals is stale.
-const STALE_INTERVALS: i64 = 3;
+/// A report older than this many times the delay its agent announced for the next one is
+/// stale.
+const STALE_FACTOR: i64 = 3;
 
-/// Longest interval an agent may declare: a day, in milliseconds.
-const MAX_INTERVAL_MS: i64 = 86_400_000;
+/// Longest delay an agent may announce for its next report: a day, in milliseconds.
+const MAX_NEXT_REPORT_MS: i64 = 86_400_000;
 
 /// A name of at most MAX_NAME bytes, stored inline (shared memory holds no pointers).
 #[derive(Clone, Copy, Debug)]
@@ -78,7 +80,7 @@ pub struct Report {
     agent: Name,
     /// When it was written (TimestampTz); 0: never.
     reported_at: i64,
-    interval_ms: i64,
+    next_report_ms: i64,
     count: usize,
     candidates: [Candidate; MAX_CANDIDATES],
 }
@@ -88,7 +90,7 @@ impl Default for Report {
         Report {
             agent: Name::EMPTY,
             reported_at: 0,
-            interval_ms: 0,
+            next_report_ms: 0,
             count: 0,
             candidates: [Candidate::EMPTY; MAX_CANDIDATES],
         }
@@ -121,9 +123,9 @@ fn checked_name(what: &str, text: Option<&str>) -> Name {
         None => errors::invalid_argument(format!("{what} must not be null"), None),
         Some("") => errors::invalid_argument(format!("{what} must not be empty"), None),
         Some(text) if text.len() > MAX_NAME => errors::raise(
-            PgSqlErrorCode::ERRCODE_NAME_TOO_LONG,
+            PgSqlErrorCode::ERRCODE_STRING_DATA_RIGHT_TRUNCATION,
             format!("{what} is too long"),
-            Some(format!("It has {} bytes; at most {MAX_NAME} are kept.", text.len())),
+            Some(format!("It has {} bytes; at most {MAX_NAME} are allowed.", text.len())),
             None,
         ),
         Some(text) => Name::new(text),
@@ -141,11 +143,12 @@ fn checked_count(what: &str, value: Option<i64>) -> i64 {
 
 /// Records the agent's report of the failover candidates, replacing the previous one; returns
 /// how many candidates it holds. One element per candidate in each array, in the same order.
+/// `next_report_ms`: the agent's next report is due within this many milliseconds.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn ccm_report_candidates(
     agent: &str,
-    interval_ms: i64,
+    next_report_ms: i64,
     member: Array<'_, &str>,
     state: Array<'_, &str>,
     coverage: Array<'_, f64>,
@@ -154,10 +157,10 @@ fn ccm_report_candidates(
 ) -> i32 {
     require_primary();
     let agent = checked_name("agent", Some(agent));
-    if !(1..=MAX_INTERVAL_MS).contains(&interval_ms) {
+    if !(1..=MAX_NEXT_REPORT_MS).contains(&next_report_ms) {
         errors::invalid_argument(
-            format!("interval_ms out of range: {interval_ms}"),
-            Some(format!("The agent's interval is from 1 to {MAX_INTERVAL_MS} milliseconds.")),
+            format!("next_report_ms out of range: {next_report_ms}"),
+            Some(format!("The next report is due within 1 to {MAX_NEXT_REPORT_MS} milliseconds.")),
         );
     }
     let count = member.len();
@@ -196,7 +199,7 @@ fn ccm_report_candidates(
         };
     }
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
-    *REPORT.exclusive() = Report { agent, reported_at: now, interval_ms, count, candidates };
+    *REPORT.exclusive() = Report { agent, reported_at: now, next_report_ms, count, candidates };
     count as i32
 }
 
@@ -222,7 +225,7 @@ fn ccm_candidate_reports() -> TableIterator<
     let report = *REPORT.share();
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
     let age_ms = (now - report.reported_at) / 1000;
-    let stale = age_ms > STALE_INTERVALS.saturating_mul(report.interval_ms);
+    let stale = age_ms > STALE_FACTOR.saturating_mul(report.next_report_ms);
     let reported_at = TimestampWithTimeZone::try_from(report.reported_at).ok();
     let agent = report.agent.as_string();
     let rows: Vec<_> = report.candidates[..report.count.min(MAX_CANDIDATES)]
@@ -246,7 +249,7 @@ fn ccm_candidate_reports() -> TableIterator<
 extension_sql!(
     r#"
 CREATE VIEW ccm_candidates AS SELECT * FROM ccm_candidate_reports();
-COMMENT ON VIEW ccm_candidates IS 'The active ccm-agent''s last report of each failover candidate (on the primary); stale when older than three of its intervals';
+COMMENT ON VIEW ccm_candidates IS 'The active ccm-agent''s last report of each failover candidate (on the primary); stale when older than three times the delay it announced for the next';
 "#,
     name = "candidates_view",
     requires = [ccm_candidate_reports],

@@ -4,7 +4,8 @@ failover candidate, for monitoring that speaks only SQL.
 - A real agent warming a real standby writes it: the view shows the standby up and warm, with
   the coverage and missing blocks that `ccm-agent status` measures on its own; the standby
   stopped shows as down without figures; restarted, up again; the agent stopped, the report
-  turns stale within three of its intervals and says when it was made.
+  turns stale (three times the delay the agent announced for its next report: with an interval
+  of 500 ms, 1.5 s for a cycle and the rest of the interval) and says when it was made.
 - Only pg_monitor (and ccm_agent) read it, only ccm_agent writes it.
 - A malformed report gets an ERROR with a SQLSTATE and leaves the last report as it was; a
   standby refuses to take one.
@@ -59,11 +60,11 @@ def test_the_view_shows_what_the_active_agent_sees_and_turns_stale_without_it(cl
                  timeout=60, describe=agent.log)
     finally:
         agent.stop()
-    # Three intervals of 500 ms, then stale; the rows stay, with the time they were made.
-    wait_for("the report stale once its agent stopped", lambda: all(r[5] for r in rows(primary)), timeout=10)
+    # Stale after three times the announced 1 to 1.5 s; the rows stay, with their time.
+    wait_for("the report stale once its agent stopped", lambda: all(r[5] for r in rows(primary)), timeout=15)
     age = primary.one("SELECT extract(epoch FROM now() - max(reported_at)) FROM ccm_candidates")
-    assert 1.5 <= age < 10, age
-    assert [r[:2] for r in rows(primary)] == [(member, "up")]
+    assert 3 <= age < 15, age
+    assert [r[:2] for r in rows(primary)] in ([(member, "up")], [(member, "warming")])
 
 
 @pytest.mark.every_version
@@ -74,7 +75,7 @@ def test_only_monitoring_reads_it_and_only_the_agent_writes_it(cluster):
         primary.sql(f"CREATE ROLE {role} LOGIN")
         if grant:
             primary.sql(f"GRANT {grant} TO {role}")
-    report = ("a1:1", 1000, ["m1"], ["up"], [0.5], [10], [20])
+    report = ("a1:1", 600000, ["m1"], ["up"], [0.5], [10], [20])
     with primary.connect(user="ccm_writer") as conn:
         assert conn.execute(REPORT, report).fetchone() == (1,)
     with primary.connect(user="ccm_watcher") as conn:
@@ -90,7 +91,7 @@ def test_only_monitoring_reads_it_and_only_the_agent_writes_it(cluster):
 @pytest.mark.every_version
 def test_a_malformed_report_is_refused_and_the_last_one_kept(cluster):
     primary, standby = cluster.primary, cluster.standby
-    good = ("a1:1", 1000, ["m1", "m2"], ["up", "down"], [1.0, None], [0, None], [50, None])
+    good = ("a1:1", 600000, ["m1", "m2"], ["up", "down"], [1.0, None], [0, None], [50, None])
     assert primary.one(REPORT, good) == 2
     kept = rows(primary)
     assert kept == [("m1", "up", 1.0, 0, 50, False), ("m2", "down", None, None, None, False)]
@@ -98,13 +99,13 @@ def test_a_malformed_report_is_refused_and_the_last_one_kept(cluster):
     bad = {
         "arrays of different lengths": (("a", 1000, ["m1"], [], [1.0], [0], [1]), "22023"),
         "65 candidates": (("a", 1000, many, ["up"] * 65, [1.0] * 65, [0] * 65, [1] * 65), "54000"),
-        "a member name of 64 bytes": (("a", 1000, ["m" * 64], ["up"], [1.0], [0], [1]), "42622"),
-        "an agent name of 64 bytes": (("a" * 64, 1000, ["m1"], ["up"], [1.0], [0], [1]), "42622"),
+        "a member name of 64 bytes": (("a", 1000, ["m" * 64], ["up"], [1.0], [0], [1]), "22001"),
+        "an agent name of 64 bytes": (("a" * 64, 1000, ["m1"], ["up"], [1.0], [0], [1]), "22001"),
         "an empty member name": (("a", 1000, [""], ["up"], [1.0], [0], [1]), "22023"),
         "a NULL member name": (("a", 1000, [None], ["up"], [1.0], [0], [1]), "22023"),
         "a coverage above 1": (("a", 1000, ["m1"], ["up"], [1.5], [0], [1]), "22023"),
         "a negative count": (("a", 1000, ["m1"], ["up"], [1.0], [-1], [1]), "22023"),
-        "an interval of 0": (("a", 0, ["m1"], ["up"], [1.0], [0], [1]), "22023"),
+        "a next report due in 0 ms": (("a", 0, ["m1"], ["up"], [1.0], [0], [1]), "22023"),
     }
     for what, (args, sqlstate) in bad.items():
         with pytest.raises(psycopg.Error) as raised:

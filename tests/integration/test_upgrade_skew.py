@@ -65,8 +65,7 @@ def test_a_standby_on_the_previous_library_fails_the_new_catalog_cleanly(previou
         standby.bindir = old_bin
         standby.start()
         # The previous release under its own catalog: as before.
-        # (Libraries before 0.7.0 do not say their version.)
-        assert standby.one("SELECT current_setting('ccm.library_version', true)") in (None, previous)
+        assert standby.one("SELECT current_setting('ccm.library_version', true)") == previous
         assert standby.one(FEED_CALL) > 0
 
         primary.sql("ALTER EXTENSION pg_ccm UPDATE")
