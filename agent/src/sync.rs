@@ -883,9 +883,9 @@ impl<N: NodeApi> Syncer<N> {
     // ---- the cycle --------------------------------------------------------------------
 
     /// Each candidate's state and, where it still says something, its share of the hot set
-    /// when it last reported.
-    /// A standby that keeps its session but waits out a backoff (its last call failed) is
-    /// down too. At most the first REPORT_MAX_CANDIDATES, as the view keeps.
+    /// when it last reported. A standby that keeps its session but waits out a backoff (its
+    /// last call failed) is down too. At most the first REPORT_MAX_CANDIDATES, as the view
+    /// keeps.
     fn candidate_rows(&self) -> Vec<CandidateRow> {
         let now = Instant::now();
         self.standbys
