@@ -9,9 +9,13 @@ failover candidate, for monitoring that speaks only SQL.
 - Only pg_monitor (and ccm_agent) read it, only ccm_agent writes it.
 - A malformed report gets an ERROR with a SQLSTATE and leaves the last report as it was; a
   standby refuses to take one.
+- Under a catalog before the view the agent sends nothing, and once the catalog is updated
+  it writes the view without a new session.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -20,6 +24,9 @@ from harness.agent import AgentProcess, run_agent_json
 from harness.cluster import make_table, read
 from harness.wait import wait_for
 
+ROOT = Path(__file__).resolve().parents[2]
+CURRENT = next(line.split('"')[1] for line in (ROOT / "Cargo.toml").read_text().splitlines()
+               if line.startswith("version = "))
 VIEW = "SELECT member, state, coverage, missing_blocks, hot_blocks, stale FROM ccm_candidates ORDER BY member"
 REPORT = "SELECT ccm_report_candidates(%s, %s, %s, %s, %s, %s, %s)"
 
@@ -117,3 +124,27 @@ def test_a_malformed_report_is_refused_and_the_last_one_kept(cluster):
     assert raised.value.sqlstate == "55000", raised.value
     assert raised.value.diag.message_primary == "recovery is in progress"
     assert primary.one("SELECT 1") == 1 and standby.one("SELECT 1") == 1
+
+
+def test_the_agent_writes_the_view_once_the_catalog_is_updated_without_a_new_session(cluster, log_dir):
+    """The last step of an upgrade is ALTER EXTENSION pg_ccm UPDATE on the primary, under a
+    running agent that keeps its sessions: under the 0.7.0 catalog it sends no report (there is
+    no view), then reads the catalog's version again (every 60 unsent reports) and writes it."""
+    primary, standby = cluster.primary, cluster.standby
+    primary.sql("DROP EXTENSION pg_ccm")
+    primary.sql("CREATE EXTENSION pg_ccm VERSION '0.7.0'")
+    make_table(primary, "hot", 8)
+    read(primary, "hot", times=6)
+    cluster.wait_caught_up()
+    agent = AgentProcess(primary.conninfo(), standby.conninfo(), log_dir, interval="200ms").start()
+    try:
+        wait_for("the agent warming under the 0.7.0 catalog",
+                 lambda: agent.metric("ccm_agent_blocks_loaded_total") > 0, timeout=60, describe=agent.log)
+        sessions = primary.one("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ccm-agent'")
+        primary.sql("ALTER EXTENSION pg_ccm UPDATE")
+        wait_for("the report in the updated catalog's view",
+                 lambda: [r for r in rows(primary) if r[1] == "up"], timeout=60, describe=agent.log)
+        assert f"the extension's catalog is now {CURRENT}" in agent.log()
+        assert primary.one("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ccm-agent'") == sessions
+    finally:
+        agent.stop()
