@@ -356,13 +356,12 @@ impl CandidateRow {
     pub fn new(member: &str, state: CandidateState, last: Option<&StandbyReport>) -> Self {
         let known =
             last.filter(|_| !matches!(state, CandidateState::Down | CandidateState::Silent));
-        let count = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         CandidateRow {
             member: truncated(member, REPORT_MAX_NAME).to_string(),
             state,
             coverage: known.map(StandbyReport::coverage),
-            missing_blocks: known.map(|r| count(r.missing())),
-            hot_blocks: known.map(|r| count(r.hot_buffers)),
+            missing_blocks: known.map(|r| saturating_i64(r.missing())),
+            hot_blocks: known.map(|r| saturating_i64(r.hot_buffers)),
         }
     }
 }
