@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,14 @@ from .wait import wait_for
 # Laid out as Debian lays out its packages, /usr/lib/postgresql/N/bin (scripts/lib/pg-versions.sh);
 # PG_ROOT names a relocated copy of that directory instead.
 PG_ROOT = Path(os.environ.get("PG_ROOT", "/usr/lib/postgresql"))
+
+
+def workspace_version() -> str:
+    """This checkout's pg_ccm version ([workspace.package] of Cargo.toml): the extension's
+    default version and the agent's."""
+    text = (Path(__file__).resolve().parents[2] / "Cargo.toml").read_text()
+    section = text[text.index("[workspace.package]"):]
+    return re.search(r'^version\s*=\s*"([^"]+)"', section, re.M).group(1)
 PG_BIN = Path(os.environ.get("PG_BIN", str(PG_ROOT / "15" / "bin")))
 OS_USER = "postgres"
 

@@ -15,18 +15,14 @@ failover candidate, for monitoring that speaks only SQL.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import psycopg
 import pytest
 
 from harness.agent import AgentProcess, run_agent_json
-from harness.cluster import make_table, read
+from harness.cluster import make_table, read, workspace_version
 from harness.wait import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
-CURRENT = next(line.split('"')[1] for line in (ROOT / "Cargo.toml").read_text().splitlines()
-               if line.startswith("version = "))
+CURRENT = workspace_version()
 VIEW = "SELECT member, state, coverage, missing_blocks, hot_blocks, stale FROM ccm_candidates ORDER BY member"
 REPORT = "SELECT ccm_report_candidates(%s, %s, %s, %s, %s, %s, %s)"
 

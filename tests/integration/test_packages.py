@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import workspace_version
 from harness.docker import build_images, docker_engine_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,12 +41,6 @@ pytestmark = [
     pytest.mark.xdist_group("packages"),  # the module shares one container
     pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine"),
 ]
-
-
-def workspace_version() -> str:
-    text = (ROOT / "Cargo.toml").read_text()
-    section = text[text.index("[workspace.package]"):]
-    return re.search(r'^version\s*=\s*"([^"]+)"', section, re.M).group(1)
 
 
 VERSION = workspace_version()

@@ -20,11 +20,10 @@ import psycopg
 import pytest
 
 from harness.agent import run_agent
-from harness.cluster import Cluster, make_table, pg_bin, read
+from harness.cluster import Cluster, make_table, pg_bin, read, workspace_version
 
 ROOT = Path(__file__).resolve().parents[2]
-CURRENT = next(line.split('"')[1] for line in (ROOT / "Cargo.toml").read_text().splitlines()
-               if line.startswith("version = "))
+CURRENT = workspace_version()
 FEED_CALL = "SELECT seq FROM ccm_buffer_changes(1, 0)"
 # A function of this release that the previous library does not have (0.8.0: the candidates'
 # report behind the view ccm_candidates).
