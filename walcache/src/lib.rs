@@ -8,13 +8,14 @@
 //! `segment_pieces`), how much of it to lock and in which steps (`lock_target`,
 //! `next_lock_step`, `capped_cache_pages`), and how a replication slot's progress turns into
 //! hits and misses (`SlotCounter`). `memory` says how much memory the server may use: the
-//! host's RAM, or its cgroup's memory limit if smaller.
+//! host's RAM, or its cgroup's memory limit if smaller; and how much of it is still free
+//! (`free_memory`, for ccm_os_prefetch's budget).
 
 use std::ops::Range;
 
 pub mod memory;
 
-pub use memory::usable_memory;
+pub use memory::{free_memory, usable_memory};
 
 /// WAL page size (PostgreSQL's XLOG_BLCKSZ; the extension asserts it matches).
 pub const WAL_PAGE: u64 = 8192;

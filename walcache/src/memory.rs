@@ -22,6 +22,12 @@
 //! Walking up to the root also covers containers without a cgroup namespace whose
 //! `/sys/fs/cgroup` shows only their own cgroup at the root while `/proc/self/cgroup` still
 //! names the host's path.
+//!
+//! `free_memory` says how much more the page cache can grow before the kernel has to evict
+//! something: MemFree from `/proc/meminfo`, or less when a cgroup's limit less its usage
+//! (`memory.current`, v1 `memory.usage_in_bytes`, page cache included) is smaller, for the
+//! process's cgroups and their ancestors. `free_memory_in` does the work on given texts and
+//! paths, for the same made-up hierarchies.
 
 use std::fs::File;
 use std::io::Read;
@@ -41,6 +47,12 @@ pub const UNLIMITED_FROM: u64 = 1 << 60;
 
 /// The file a limit is read from is never longer than this; anything longer is not a limit.
 const MAX_LIMIT_FILE_LEN: u64 = 64;
+
+/// The kernel's memory counters.
+pub const PROC_MEMINFO: &str = "/proc/meminfo";
+
+/// `/proc/meminfo` is about 1.5 kB; only this much of it is read.
+const MAX_MEMINFO_LEN: u64 = 64 * 1024;
 
 /// A memory-limiting cgroup hierarchy the process belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +77,14 @@ impl Hierarchy {
         match self {
             Hierarchy::V2 => "memory.max",
             Hierarchy::V1Memory => "memory.limit_in_bytes",
+        }
+    }
+
+    /// The file that holds a cgroup's current memory usage (page cache included).
+    fn usage_file(self) -> &'static str {
+        match self {
+            Hierarchy::V2 => "memory.current",
+            Hierarchy::V1Memory => "memory.usage_in_bytes",
         }
     }
 }
@@ -118,11 +138,11 @@ pub fn memory_cgroups(proc_self_cgroup: &str) -> Vec<(Hierarchy, &str)> {
         .collect()
 }
 
-/// The smallest limit in `file` of the cgroup at `path` (as `/proc/self/cgroup` gives it)
-/// under the hierarchy mounted at `mount`, and of each of its ancestors up to and including
-/// the hierarchy's root. A path that leaves its root (`..`, shown for a cgroup outside the
-/// process's cgroup namespace) gives None: the limits visible here are not that cgroup's.
-fn smallest_limit_up_to_root(mount: &Path, path: &str, file: &str) -> Option<u64> {
+/// The directories of the cgroup at `path` (as `/proc/self/cgroup` gives it) under the
+/// hierarchy mounted at `mount` and of each of its ancestors, from the hierarchy's root
+/// down. A path that leaves its root (`..`, shown for a cgroup outside the process's cgroup
+/// namespace) gives None: the files visible here are not that cgroup's.
+fn cgroup_dirs_up_to_root(mount: &Path, path: &str) -> Option<Vec<PathBuf>> {
     let components: Vec<&str> = path
         .split('/')
         .filter(|c| !c.is_empty() && *c != ".")
@@ -130,28 +150,103 @@ fn smallest_limit_up_to_root(mount: &Path, path: &str, file: &str) -> Option<u64
     if components.contains(&"..") {
         return None;
     }
-    (0..=components.len())
-        .filter_map(|depth| {
-            let mut dir = mount.to_path_buf();
-            dir.extend(&components[..depth]);
-            read_limit(&dir.join(file))
-        })
+    Some(
+        (0..=components.len())
+            .map(|depth| {
+                let mut dir = mount.to_path_buf();
+                dir.extend(&components[..depth]);
+                dir
+            })
+            .collect(),
+    )
+}
+
+/// The smallest limit in `file` of the cgroup at `path` and of each of its ancestors up to
+/// and including the hierarchy's root (`cgroup_dirs_up_to_root`).
+fn smallest_limit_up_to_root(mount: &Path, path: &str, file: &str) -> Option<u64> {
+    cgroup_dirs_up_to_root(mount, path)?
+        .iter()
+        .filter_map(|dir| read_limit(&dir.join(file)))
         .min()
 }
 
-/// The limit in a `memory.max` or `memory.limit_in_bytes` file; None when it is missing,
-/// unreadable, or says there is no limit.
-fn read_limit(file: &Path) -> Option<u64> {
+/// A small file's text; None when it is missing, unreadable or longer than a counter file.
+fn read_small_file(file: &Path) -> Option<String> {
     let mut text = String::new();
     File::open(file)
         .ok()?
         .take(MAX_LIMIT_FILE_LEN + 1)
         .read_to_string(&mut text)
         .ok()?;
-    if text.len() as u64 > MAX_LIMIT_FILE_LEN {
-        return None;
+    (text.len() as u64 <= MAX_LIMIT_FILE_LEN).then_some(text)
+}
+
+/// The limit in a `memory.max` or `memory.limit_in_bytes` file; None when it is missing,
+/// unreadable, or says there is no limit.
+fn read_limit(file: &Path) -> Option<u64> {
+    parse_limit(&read_small_file(file)?)
+}
+
+/// Bytes of memory that can still be filled before the kernel evicts anything: MemFree, or
+/// the smallest headroom (limit less usage) of the process's cgroups and their ancestors if
+/// smaller. Reads `/proc/meminfo`, `/proc/self/cgroup` and the files under `/sys/fs/cgroup`;
+/// None when neither MemFree nor a cgroup's headroom could be read.
+pub fn free_memory() -> Option<u64> {
+    let mut meminfo = String::new();
+    if let Ok(file) = File::open(PROC_MEMINFO) {
+        // An unreadable file leaves MemFree unknown, as an empty one does.
+        let _ = file.take(MAX_MEMINFO_LEN).read_to_string(&mut meminfo);
     }
-    parse_limit(&text)
+    let proc_self_cgroup = std::fs::read_to_string(PROC_SELF_CGROUP).unwrap_or_default();
+    free_memory_in(&meminfo, Path::new(CGROUP_ROOT), &proc_self_cgroup)
+}
+
+/// `free_memory` with the text of `/proc/meminfo`, the cgroup root directory and the text of
+/// `/proc/self/cgroup` given.
+pub fn free_memory_in(meminfo: &str, cgroup_root: &Path, proc_self_cgroup: &str) -> Option<u64> {
+    let free = parse_mem_free(meminfo);
+    match (free, cgroup_headroom(cgroup_root, proc_self_cgroup)) {
+        (Some(free), Some(headroom)) => Some(free.min(headroom)),
+        (free, headroom) => free.or(headroom),
+    }
+}
+
+/// MemFree from the text of `/proc/meminfo` (`MemFree:   123456 kB`), in bytes; None when
+/// the line is missing or malformed.
+pub fn parse_mem_free(meminfo: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemFree:"))?;
+    let mut fields = line.split_whitespace();
+    let kilobytes = fields.next()?.parse::<u64>().ok()?;
+    match (fields.next(), fields.next()) {
+        (Some("kB"), None) => kilobytes.checked_mul(1024),
+        _ => None,
+    }
+}
+
+/// The smallest headroom (memory limit less current usage, 0 when the usage is over the
+/// limit) of the memory-limiting cgroups named in `proc_self_cgroup` and of their
+/// ancestors; None when no cgroup has both a limit and a usage that could be read.
+pub fn cgroup_headroom(cgroup_root: &Path, proc_self_cgroup: &str) -> Option<u64> {
+    memory_cgroups(proc_self_cgroup)
+        .into_iter()
+        .filter_map(|(hierarchy, path)| {
+            cgroup_dirs_up_to_root(&hierarchy.mount(cgroup_root), path)?
+                .iter()
+                .filter_map(|dir| {
+                    let limit = read_limit(&dir.join(hierarchy.limit_file()))?;
+                    let usage = parse_usage(&read_small_file(&dir.join(hierarchy.usage_file()))?)?;
+                    Some(limit.saturating_sub(usage))
+                })
+                .min()
+        })
+        .min()
+}
+
+/// A usage file's contents (`memory.current`, `memory.usage_in_bytes`): a number of bytes.
+pub fn parse_usage(text: &str) -> Option<u64> {
+    text.trim().parse::<u64>().ok()
 }
 
 /// A memory limit file's contents: a number of bytes, or `max` (v2) or a huge number (v1)
@@ -439,6 +534,121 @@ mod tests {
         }
         // A path with . and doubled slashes still names the same cgroups.
         assert_eq!(cgroup_memory_limit(root.path(), "0::/a//./b/\n"), Some(GB));
+    }
+
+    const MEMINFO: &str = "MemTotal:       24576000 kB\n\
+                           MemFree:         8388608 kB\n\
+                           MemAvailable:   20000000 kB\n\
+                           Buffers:           12345 kB\n";
+
+    #[test]
+    fn mem_free_is_parsed() {
+        assert_eq!(parse_mem_free(MEMINFO), Some(8 * GB));
+        assert_eq!(parse_mem_free("MemFree: 0 kB\n"), Some(0));
+        // MemAvailable is not MemFree, whatever the order.
+        assert_eq!(
+            parse_mem_free("MemAvailable: 100 kB\nMemFree: 1 kB\n"),
+            Some(1024)
+        );
+        for text in [
+            "",
+            "MemTotal: 100 kB\n",
+            "MemFree:\n",
+            "MemFree: lots kB\n",
+            "MemFree: 100\n",
+            "MemFree: 100 MB\n",
+            "MemFree: 100 kB extra\n",
+            "MemFree: -1 kB\n",
+            "MemFree: 18446744073709551615 kB\n",
+            " MemFree: 100 kB\n",
+        ] {
+            assert_eq!(parse_mem_free(text), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn free_memory_without_cgroup_limits_is_mem_free() {
+        let root = TempDir::new("free-no-limit");
+        root.write("memory.current", "123456\n");
+        root.write("user.slice/memory.max", "max\n");
+        root.write("user.slice/memory.current", "4294967296\n");
+        let proc = "0::/user.slice\n";
+        assert_eq!(cgroup_headroom(root.path(), proc), None);
+        assert_eq!(free_memory_in(MEMINFO, root.path(), proc), Some(8 * GB));
+        assert_eq!(free_memory_in("", root.path(), proc), None);
+    }
+
+    #[test]
+    fn free_memory_v2_headroom_of_the_tightest_cgroup() {
+        let root = TempDir::new("free-v2");
+        // The leaf: 4 GB limit, 1 GB used (3 GB headroom).
+        root.write("machine.slice/pod/container/memory.max", "4294967296\n");
+        root.write("machine.slice/pod/container/memory.current", "1073741824\n");
+        // The pod: no limit.
+        root.write("machine.slice/pod/memory.max", "max\n");
+        root.write("machine.slice/pod/memory.current", "3221225472\n");
+        // The slice: 6 GB limit, 5 GB used by everything in it (1 GB headroom).
+        root.write("machine.slice/memory.max", "6442450944\n");
+        root.write("machine.slice/memory.current", "5368709120\n");
+        let proc = "0::/machine.slice/pod/container\n";
+        assert_eq!(cgroup_headroom(root.path(), proc), Some(GB));
+        assert_eq!(free_memory_in(MEMINFO, root.path(), proc), Some(GB));
+        // Less MemFree than any headroom: MemFree wins.
+        assert_eq!(
+            free_memory_in("MemFree: 1024 kB\n", root.path(), proc),
+            Some(MB)
+        );
+        // No /proc/meminfo: the headroom is what is known.
+        assert_eq!(free_memory_in("", root.path(), proc), Some(GB));
+        // Over its limit (usage counts the page cache, which may exceed it briefly): none left.
+        root.write("machine.slice/memory.current", "7516192768\n");
+        assert_eq!(free_memory_in(MEMINFO, root.path(), proc), Some(0));
+    }
+
+    #[test]
+    fn free_memory_a_limit_without_a_readable_usage_is_left_out() {
+        let root = TempDir::new("free-no-usage");
+        root.write("a/memory.max", "1073741824\n");
+        root.write("a/b/memory.max", "4294967296\n");
+        root.write("a/b/memory.current", "garbage\n");
+        let proc = "0::/a/b\n";
+        assert_eq!(cgroup_headroom(root.path(), proc), None);
+        root.write("a/b/memory.current", "1073741824\n");
+        assert_eq!(cgroup_headroom(root.path(), proc), Some(3 * GB));
+        // Outside the namespace: nothing visible is that cgroup's.
+        assert_eq!(cgroup_headroom(root.path(), "0::/../a/b\n"), None);
+    }
+
+    #[test]
+    fn free_memory_v1_headroom() {
+        let root = TempDir::new("free-v1");
+        root.write("memory/memory.limit_in_bytes", V1_UNLIMITED_4K);
+        root.write("memory/memory.usage_in_bytes", "17179869184\n");
+        root.write("memory/docker/abc/memory.limit_in_bytes", "2147483648\n");
+        root.write("memory/docker/abc/memory.usage_in_bytes", "1610612736\n");
+        // A v2 file must not be read for the v1 hierarchy.
+        root.write("memory/docker/abc/memory.current", "0\n");
+        let proc = "12:memory:/docker/abc\n11:cpu,cpuacct:/docker/abc\n";
+        assert_eq!(cgroup_headroom(root.path(), proc), Some(512 * MB));
+        assert_eq!(free_memory_in(MEMINFO, root.path(), proc), Some(512 * MB));
+    }
+
+    #[test]
+    fn free_memory_hybrid_the_smallest_headroom_wins() {
+        let root = TempDir::new("free-hybrid");
+        root.write("memory/svc/memory.limit_in_bytes", "3221225472\n");
+        root.write("memory/svc/memory.usage_in_bytes", "1073741824\n");
+        root.write("svc/memory.max", "2147483648\n");
+        root.write("svc/memory.current", "1610612736\n");
+        let proc = "7:memory:/svc\n0::/svc\n";
+        assert_eq!(cgroup_headroom(root.path(), proc), Some(512 * MB));
+    }
+
+    #[test]
+    fn this_process_has_some_free_memory() {
+        // Linux always has /proc/meminfo, and a running machine has some memory free.
+        let free = free_memory().expect("MemFree");
+        assert!(free > 0 && free < UNLIMITED_FROM, "{free}");
     }
 
     #[test]
