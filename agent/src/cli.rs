@@ -99,6 +99,11 @@ pub struct WaitArgs {
     /// The share of the primary's hot set to wait for, in percent.
     #[arg(long, value_name = "PCT", default_value_t = 99.0, value_parser = parse_percent)]
     pub min_coverage: f64,
+    /// Also wait until each standby's page cache holds this share of the primary's page cache
+    /// of relation files, in percent (extension 0.9.0 on the nodes). Each look then walks the
+    /// primary's files and has each standby count what it holds of them.
+    #[arg(long, value_name = "PCT", value_parser = parse_percent)]
+    pub min_os_coverage: Option<f64>,
     /// Give up after this long (exit status 1).
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_timeout)]
     pub timeout: std::time::Duration,
@@ -227,11 +232,14 @@ mod tests {
             "2m",
             "--member",
             "pg2",
+            "--min-os-coverage",
+            "90",
         ])
         .unwrap();
         match cli.command {
             Command::Wait(a) => {
                 assert_eq!(a.min_coverage, 99.5);
+                assert_eq!(a.min_os_coverage, Some(90.0));
                 assert_eq!(a.timeout, std::time::Duration::from_secs(120));
                 assert_eq!(a.member.as_deref(), Some("pg2"));
             }

@@ -127,6 +127,13 @@ config_keys! {
     /// A standby's replay lag (WAL received but not yet replayed) above which warming it
     /// pauses for the rest of the cycle (one batch per cycle while it lasts), or "off".
     max_replay_lag: String [env = "CCM_MAX_REPLAY_LAG", value_name = "SIZE"] = "16MB",
+    /// With extension 0.9.0 on the primary and a standby, also read into the standby's page
+    /// cache (not its shared_buffers) the relation-file pages the primary's page cache holds,
+    /// after the hot set, only into free memory (the standby's ccm.os_cache_min_free).
+    os_cache: bool [env = "CCM_OS_CACHE", value_name = "BOOL"] = true,
+    /// After a pass over the primary's page cache that found nothing to read on any
+    /// candidate, the next pass waits this long.
+    os_cache_pause: String [env = "CCM_OS_CACHE_PAUSE", value_name = "DURATION"] = "60s",
     /// Blocks per ccm_prewarm call on the standby, 1 to 1048576.
     batch_blocks: u64 [env = "CCM_BATCH_BLOCKS", value_name = "N"] = 4096,
     /// Per-host connect timeout.
@@ -254,6 +261,8 @@ pub struct Config {
     pub false_positive_rate: f64,
     pub fill_room: bool,
     pub change_feed: bool,
+    pub os_cache: bool,
+    pub os_cache_pause: Duration,
     /// In bytes; None: off.
     pub max_replay_lag: Option<u64>,
     pub batch_blocks: u64,
@@ -327,6 +336,7 @@ impl Config {
         let connect_timeout = duration("connect_timeout", &value!(connect_timeout))?;
         let statement_timeout = duration("statement_timeout", &value!(statement_timeout))?;
         let max_backoff = duration("max_backoff", &value!(max_backoff))?;
+        let os_cache_pause = duration("os_cache_pause", &value!(os_cache_pause))?;
         if statement_timeout < Duration::from_millis(1) {
             // PostgreSQL's unit is the millisecond; less would round to 0 = no timeout at all.
             return Err(invalid("statement_timeout", "must be at least 1ms"));
@@ -389,6 +399,8 @@ impl Config {
             false_positive_rate,
             fill_room: value!(fill_room),
             change_feed: value!(change_feed),
+            os_cache: value!(os_cache),
+            os_cache_pause,
             max_replay_lag: size("max_replay_lag", &value!(max_replay_lag))?,
             batch_blocks,
             connect_timeout,
@@ -420,6 +432,8 @@ impl Config {
             false_positive_rate: Some(self.false_positive_rate),
             fill_room: Some(self.fill_room),
             change_feed: Some(self.change_feed),
+            os_cache: Some(self.os_cache),
+            os_cache_pause: Some(format_duration(self.os_cache_pause)),
             max_replay_lag: Some(
                 self.max_replay_lag
                     .map_or_else(|| "off".to_string(), format_size),
@@ -1144,6 +1158,8 @@ mod tests {
             false_positive_rate: Some(0.05),
             fill_room: Some(false),
             change_feed: Some(false),
+            os_cache: Some(false),
+            os_cache_pause: Some("2m".into()),
             max_replay_lag: Some("64MB".into()),
             batch_blocks: Some(100),
             connect_timeout: Some("3s".into()),

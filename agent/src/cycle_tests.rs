@@ -76,6 +76,8 @@ fn cluster(base: u16, n: u16) -> Cluster {
         statement_timeout: Some("1s".into()),
         connect_timeout: Some("1s".into()),
         max_backoff: Some("1s".into()),
+        // The pause after a pass that found nothing to read.
+        os_cache_pause: Some("300ms".into()),
         ..Default::default()
     })
     .expect("a valid test configuration");
@@ -431,4 +433,69 @@ async fn an_agent_standing_by_writes_no_candidate_report() {
     // The active one writes (the same call).
     c.syncer.report_candidates(Duration::from_millis(200)).await;
     assert!(fake::lock(&c.primary).candidates.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_cache_follows_the_hot_set_and_a_slow_standby_holds_up_no_other() {
+    let mut c = cluster(41060, 2);
+    fake::lock(&c.primary).os_cached = (0..5000).collect();
+    c.warm(&[0, 1]).await;
+    // A few cycles more: the page cache comes after the hot set, in batches.
+    let started = Instant::now();
+    let holds = |c: &Cluster, i: usize| {
+        let want = fake::lock(&c.primary).os_cached.clone();
+        want.is_subset(&fake::lock(&c.standbys[i]).os_cached)
+    };
+    while !(holds(&c, 0) && holds(&c, 1)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the standbys' page caches never held the primary's"
+        );
+        c.cycle().await;
+    }
+    // The next pass confirms what the first read: every standby held all of it.
+    let started = Instant::now();
+    loop {
+        c.cycle().await;
+        let text = c.metrics.render();
+        let share = |i: usize| {
+            let name = format!(
+                "ccm_agent_os_cache_coverage_ratio{{node=\"127.0.0.1:{}\"}}",
+                c.ports[i]
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(&name)?.trim().parse::<f64>().ok())
+        };
+        if share(0) == Some(1.0) && share(1) == Some(1.0) {
+            assert!(
+                text.contains("ccm_agent_os_cache_primary_bytes 40960000"),
+                "5000 blocks of 8 kB: {text}"
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no complete pass: {text}"
+        );
+    }
+    // A standby whose page-cache reads are slow (3 s a batch) holds up neither the page
+    // cache of the other nor its hot set: the next slices go to the other without waiting.
+    fake::lock(&c.standbys[1]).os_delay = Duration::from_secs(3);
+    for (i, first) in [10_000, 20_000, 30_000].into_iter().enumerate() {
+        fake::lock(&c.primary).os_cached.extend(first..first + 100);
+        fake::lock(&c.primary).hot.insert(HOT + 1 + i as u32, 5);
+        let started = Instant::now();
+        while !fake::lock(&c.standbys[0]).os_cached.contains(&(first + 99)) {
+            assert!(
+                started.elapsed() < Duration::from_millis(2500),
+                "the healthy standby's page cache waited for the slow one"
+            );
+            c.cycle().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(fake::lock(&c.standbys[0])
+            .cached
+            .contains(&(HOT + 1 + i as u32)));
+    }
+    assert!(!fake::lock(&c.standbys[1]).os_cached.contains(&30_099));
 }

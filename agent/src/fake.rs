@@ -27,6 +27,7 @@ use crate::node::{
     WalSource,
 };
 use crate::nodeapi::NodeApi;
+use crate::oscache::{Cursor, PrefetchResult, SliceAnswer};
 use crate::report::CandidateRow;
 
 /// What a fake server is; the test changes it while the agent runs.
@@ -42,6 +43,8 @@ pub struct Server {
     pub hot: BTreeMap<u32, u8>,
     /// A standby's cached blocks.
     pub cached: BTreeSet<u32>,
+    /// Blocks of its relation file in its page cache (the page-cache tier).
+    pub os_cached: BTreeSet<u32>,
     pub refuse: bool,
     pub silent: bool,
     /// Promoted (out of recovery) once this many more batches were read.
@@ -50,6 +53,8 @@ pub struct Server {
     pub conflict_next: bool,
     /// Each batch takes this long (a slow disk).
     pub batch_delay: Duration,
+    /// Each batch of the page-cache tier takes this long.
+    pub os_delay: Duration,
     /// Raised to close every session the server has (a restart of its network, say).
     pub generation: u32,
     pub connections: u32,
@@ -287,6 +292,10 @@ impl NodeApi for FakeNode {
         true
     }
 
+    fn has_os_cache(&self) -> bool {
+        true
+    }
+
     async fn wal_source(&mut self) -> Result<WalSource, NodeError> {
         self.check_open()?;
         if self.silent() {
@@ -461,6 +470,62 @@ impl NodeApi for FakeNode {
                 client_addr: Some("127.0.0.1".into()),
                 client_port: None,
             }))
+    }
+
+    /// Its whole page cache in one slice.
+    async fn os_cached_blocks(
+        &mut self,
+        _after: Cursor,
+        _max_blocks: i64,
+        _max_files: i32,
+    ) -> Result<(bool, SliceAnswer), NodeError> {
+        self.check_open()?;
+        if self.silent() {
+            return Err(self.silence().await);
+        }
+        let s = lock(&self.server);
+        let answer = SliceAnswer {
+            list: packed(s.os_cached.iter().map(|b| (*b, 0))),
+            blocks: s.os_cached.len() as u64,
+            last: Cursor::START,
+            complete: true,
+            in_play: true,
+        };
+        Ok((s.in_recovery, answer))
+    }
+
+    async fn os_prefetch(
+        &mut self,
+        list: &[u8],
+        advise: bool,
+    ) -> Result<(bool, PrefetchResult), NodeError> {
+        self.check_open()?;
+        if self.silent() {
+            return Err(self.silence().await);
+        }
+        let delay = lock(&self.server).os_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let list = BlockList::decode(list).map_err(|e| self.unexpected(e.to_string()))?;
+        let mut s = lock(&self.server);
+        if !s.in_recovery {
+            return Err(simulated(self.label(), ErrorClass::NotInRecovery));
+        }
+        let mut done = PrefetchResult {
+            requested: list.len() as u64,
+            in_play: true,
+            ..Default::default()
+        };
+        for block in list.iter() {
+            if s.os_cached.contains(&block.addr.block) {
+                done.already_cached += 1;
+            } else if advise {
+                s.os_cached.insert(block.addr.block);
+                done.advised += 1;
+            }
+        }
+        Ok((s.in_recovery, done))
     }
 
     async fn report_candidates(

@@ -20,6 +20,7 @@ mod metrics;
 mod node;
 mod nodeapi;
 mod notify;
+mod oscache;
 mod patroni;
 mod pgpass;
 mod reload;
@@ -384,6 +385,7 @@ async fn wait(
         cfg,
         cancel,
         args.min_coverage / 100.0,
+        args.min_os_coverage.map(|pct| pct / 100.0),
         args.timeout,
         args.member.as_deref(),
     )

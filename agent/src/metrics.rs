@@ -104,12 +104,19 @@ pub struct Metrics {
     feed_resets: Family<NodeLabels, Counter>,
     wire_bytes: Family<WireLabels, Counter>,
     standby_priority: Family<NodeLabels, Gauge>,
+    os_cache_coverage: Family<NodeLabels, FloatGauge>,
+    os_cache_held_bytes: Family<NodeLabels, Gauge>,
+    os_cache_read_bytes: Family<NodeLabels, Counter>,
+    os_cache_primary_bytes: Gauge,
     /// Standby names with series, so that members that left lose theirs.
     standby_names: std::sync::Mutex<Vec<String>>,
     readiness: Readiness,
 }
 
 type NodeLabels = [(&'static str, String); 1];
+
+/// A PostgreSQL block (BLCKSZ, the default build's 8 kB, as every node's here).
+pub const BLOCK_BYTES: u64 = 8192;
 
 /// A node and a direction (sent, received).
 type WireLabels = [(&'static str, String); 2];
@@ -181,6 +188,10 @@ impl Metrics {
             feed_resets: Family::default(),
             wire_bytes: Family::default(),
             standby_priority: Family::default(),
+            os_cache_coverage: Family::default(),
+            os_cache_held_bytes: Family::default(),
+            os_cache_read_bytes: Family::default(),
+            os_cache_primary_bytes: Gauge::default(),
             standby_names: std::sync::Mutex::default(),
             readiness: Readiness::default(),
             registry: Registry::default(),
@@ -300,6 +311,26 @@ impl Metrics {
             "standby_coverage_ratio",
             "Share of the primary's hot set (its hottest part, up to the standby's shared_buffers) cached on this standby at the last scan (0..1)",
             m.standby_coverage.clone(),
+        );
+        registry.register(
+            "os_cache_coverage_ratio",
+            "Share of the primary's page cache of relation files (main forks) that this standby's page cache held in the last complete pass, before that pass read anything (0..1)",
+            m.os_cache_coverage.clone(),
+        );
+        registry.register(
+            "os_cache_held_bytes",
+            "Bytes of the primary's page cache of relation files that this standby's page cache held in the last complete pass",
+            m.os_cache_held_bytes.clone(),
+        );
+        registry.register(
+            "os_cache_read_bytes",
+            "Bytes the agent had this standby read into its page cache (posix_fadvise WILLNEED)",
+            m.os_cache_read_bytes.clone(),
+        );
+        registry.register(
+            "os_cache_primary_bytes",
+            "Bytes of relation files (main forks of permanent relations) in the primary's page cache at its last complete pass",
+            m.os_cache_primary_bytes.clone(),
         );
         registry.register(
             "standby_missing_blocks",
@@ -515,6 +546,9 @@ impl Metrics {
             self.standby_missing.remove(&label);
             self.standby_loaded.remove(&label);
             self.standby_priority.remove(&label);
+            self.os_cache_coverage.remove(&label);
+            self.os_cache_held_bytes.remove(&label);
+            self.os_cache_read_bytes.remove(&label);
         }
         for (rank, name) in names.iter().enumerate() {
             let label = node_label(name);
@@ -555,6 +589,32 @@ impl Metrics {
                     .inc_by(bytes);
             }
         }
+    }
+
+    /// A standby's page-cache tier: what it held of the primary's in its last complete pass.
+    pub fn os_cache_coverage(&self, name: &str, coverage: &crate::oscache::Coverage) {
+        let label = node_label(name);
+        self.os_cache_coverage
+            .get_or_create(&label)
+            .set(coverage.share());
+        self.os_cache_held_bytes
+            .get_or_create(&label)
+            .set(saturating_i64(
+                coverage.held_blocks.saturating_mul(BLOCK_BYTES),
+            ));
+    }
+
+    /// Blocks a standby was told to read into its page cache.
+    pub fn os_cache_read(&self, name: &str, blocks: u64) {
+        self.os_cache_read_bytes
+            .get_or_create(&node_label(name))
+            .inc_by(blocks.saturating_mul(BLOCK_BYTES));
+    }
+
+    /// The primary's page cache of relation files at its last complete pass.
+    pub fn os_cache_primary(&self, blocks: u64) {
+        self.os_cache_primary_bytes
+            .set(saturating_i64(blocks.saturating_mul(BLOCK_BYTES)));
     }
 
     pub fn feed_reset(&self, name: &str) {

@@ -31,11 +31,12 @@ use tokio_postgres::{AsyncMessage, Client, Row, Statement};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use ccm_codec::BlockList;
+use ccm_codec::{decode_block_list_header, BlockList};
 
 use crate::conninfo::{ConnInfo, HostSpec};
 use crate::election;
 use crate::feed::FeedAnswer;
+use crate::oscache::{Cursor, PrefetchResult, SliceAnswer};
 use crate::report::CandidateRow;
 use crate::tls::{Failure, MakeTls, SslMode};
 use crate::wire::{self, ConnectError, PgConnection, Wire};
@@ -619,6 +620,8 @@ pub const OLDEST_SUPPORTED: Version = CHANGE_FEED_SINCE;
 pub const COLDER_FEED_SINCE: Version = Version(0, 6, 0);
 /// The first with ccm_report_candidates() and the view ccm_candidates.
 pub const CANDIDATE_REPORT_SINCE: Version = Version(0, 8, 0);
+/// The first with the page-cache tier: ccm_os_cached_blocks() and ccm_os_prefetch().
+pub const OS_CACHE_SINCE: Version = Version(0, 9, 0);
 
 const SQL_FACTS: &str = "SELECT pg_is_in_recovery(), \
      (SELECT system_identifier FROM pg_control_system())::text, \
@@ -651,6 +654,13 @@ const SQL_WAL_SOURCE: &str =
 const SQL_PREWARM: &str = "SELECT pg_is_in_recovery(), requested, loaded, already_cached, \
      skipped, pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::int8 \
      FROM ccm_prewarm($1::bytea)";
+/// A slice of the primary's page cache (oscache.rs), after the cursor.
+const SQL_OS_CACHED: &str = "SELECT list, last_spc, last_db, last_rel, last_block, complete, \
+     in_play, pg_is_in_recovery() FROM ccm_os_cached_blocks($1::oid, $2::oid, $3::oid, $4::int8, \
+     $5::int8, $6::int4)";
+/// A batch of it read into a standby's page cache ($2 false: only measured).
+const SQL_OS_PREFETCH: &str = "SELECT pg_is_in_recovery(), requested, already_cached, advised, \
+     skipped, limited, in_play FROM ccm_os_prefetch($1::bytea, $2::bool)";
 const SQL_STATUS: &str = "SELECT buffers_sent_last_minute, buffers_found_last_minute, \
      buffers_sent_last_scan, buffers_found_last_scan, buffers_sent_current_scan, \
      buffers_found_current_scan, current_scan_progress FROM aurora_ccm_status()";
@@ -1279,6 +1289,86 @@ impl Node {
                 already_cached: count(3)?,
                 skipped: count(4)?,
                 replay_lag: col.get::<Option<i64>>(5)?.map(|lag| lag.max(0) as u64),
+            },
+        ))
+    }
+
+    /// Whether its extension has the page-cache tier (0.9.0, library and catalog).
+    pub fn has_os_cache(&self) -> bool {
+        self.facts.supports(OS_CACHE_SINCE)
+    }
+
+    /// Any node: the slice of its page cache after `after` (oscache.rs), with its recovery
+    /// state.
+    pub async fn os_cached_blocks(
+        &mut self,
+        after: Cursor,
+        max_blocks: i64,
+        max_files: i32,
+    ) -> Result<(bool, SliceAnswer), NodeError> {
+        const WHAT: &str = "ccm_os_cached_blocks()";
+        let row = self
+            .query_one(
+                WHAT,
+                SQL_OS_CACHED,
+                &[
+                    &after.spc,
+                    &after.db,
+                    &after.rel,
+                    &after.block,
+                    &max_blocks,
+                    &max_files,
+                ],
+            )
+            .await?;
+        let col = Columns::new(self, WHAT, &row);
+        let list: Vec<u8> = col.get(0)?;
+        let blocks = decode_block_list_header(&list)
+            .map(|h| u64::from(h.blocks))
+            .map_err(|e| NodeError::Unexpected {
+                host: self.label(),
+                what: WHAT,
+                detail: e.to_string(),
+            })?;
+        let answer = SliceAnswer {
+            list,
+            blocks,
+            last: Cursor {
+                spc: col.get(1)?,
+                db: col.get(2)?,
+                rel: col.get(3)?,
+                block: col.get(4)?,
+            },
+            complete: col.get(5)?,
+            in_play: col.get(6)?,
+        };
+        Ok((col.get(7)?, answer))
+    }
+
+    /// Standby: reads the blocks of `list` it lacks into its page cache (`advise`), or only
+    /// counts them; with its recovery state.
+    pub async fn os_prefetch(
+        &mut self,
+        list: &[u8],
+        advise: bool,
+    ) -> Result<(bool, PrefetchResult), NodeError> {
+        const WHAT: &str = "ccm_os_prefetch()";
+        let row = self
+            .query_one(WHAT, SQL_OS_PREFETCH, &[&list, &advise])
+            .await?;
+        let col = Columns::new(self, WHAT, &row);
+        let count = |i: usize| -> Result<u64, NodeError> {
+            Ok(col.get::<Option<i64>>(i)?.unwrap_or(0).max(0) as u64)
+        };
+        Ok((
+            col.get(0)?,
+            PrefetchResult {
+                requested: count(1)?,
+                already_cached: count(2)?,
+                advised: count(3)?,
+                skipped: count(4)?,
+                limited: col.get::<Option<bool>>(5)?.unwrap_or(false),
+                in_play: col.get::<Option<bool>>(6)?.unwrap_or(true),
             },
         ))
     }

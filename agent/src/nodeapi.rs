@@ -18,6 +18,7 @@ use crate::node::{
     self, ConnectOptions, Node, NodeError, NodeFacts, PrewarmResult, Side, WalCacheStatus,
     WalSource,
 };
+use crate::oscache::{Cursor, PrefetchResult, SliceAnswer};
 use crate::report::CandidateRow;
 
 /// A session on one node, as the cycle uses it.
@@ -52,6 +53,8 @@ pub trait NodeApi: Send + Sized + 'static {
     fn catalog_behind(&self) -> Option<String>;
     fn has_change_feed(&self) -> bool;
     fn has_colder_feed(&self) -> bool;
+    /// Whether it has the page-cache tier (extension 0.9.0).
+    fn has_os_cache(&self) -> bool;
 
     fn wal_source(&mut self) -> impl Future<Output = Result<WalSource, NodeError>> + Send;
     fn buffer_filter(
@@ -87,6 +90,19 @@ pub trait NodeApi: Send + Sized + 'static {
     fn wal_cache(
         &mut self,
     ) -> impl Future<Output = Result<Option<WalCacheStatus>, NodeError>> + Send;
+    /// The slice of its page cache after the cursor (oscache.rs).
+    fn os_cached_blocks(
+        &mut self,
+        after: Cursor,
+        max_blocks: i64,
+        max_files: i32,
+    ) -> impl Future<Output = Result<(bool, SliceAnswer), NodeError>> + Send;
+    /// Standby: reads what it lacks of `list` into its page cache, or only counts it.
+    fn os_prefetch(
+        &mut self,
+        list: &[u8],
+        advise: bool,
+    ) -> impl Future<Output = Result<(bool, PrefetchResult), NodeError>> + Send;
     /// Primary: tries the agents' advisory lock (election.rs); true when held now.
     fn try_agent_lock(&mut self) -> impl Future<Output = Result<bool, NodeError>> + Send;
     /// Primary: the session holding the agents' lock, if any.
@@ -164,6 +180,10 @@ impl NodeApi for Node {
         Node::has_colder_feed(self)
     }
 
+    fn has_os_cache(&self) -> bool {
+        Node::has_os_cache(self)
+    }
+
     fn wal_source(&mut self) -> impl Future<Output = Result<WalSource, NodeError>> + Send {
         Node::wal_source(self)
     }
@@ -220,6 +240,23 @@ impl NodeApi for Node {
         &mut self,
     ) -> impl Future<Output = Result<Option<WalCacheStatus>, NodeError>> + Send {
         Node::wal_cache(self)
+    }
+
+    fn os_cached_blocks(
+        &mut self,
+        after: Cursor,
+        max_blocks: i64,
+        max_files: i32,
+    ) -> impl Future<Output = Result<(bool, SliceAnswer), NodeError>> + Send {
+        Node::os_cached_blocks(self, after, max_blocks, max_files)
+    }
+
+    fn os_prefetch(
+        &mut self,
+        list: &[u8],
+        advise: bool,
+    ) -> impl Future<Output = Result<(bool, PrefetchResult), NodeError>> + Send {
+        Node::os_prefetch(self, list, advise)
     }
 
     fn try_agent_lock(&mut self) -> impl Future<Output = Result<bool, NodeError>> + Send {

@@ -34,6 +34,7 @@ use crate::feed::{self, Mirror};
 use crate::metrics::{Metrics, Stage};
 use crate::node::{ConnectOptions, ErrorClass, Node, NodeError, PrewarmResult, Side};
 use crate::nodeapi::NodeApi;
+use crate::oscache::{OsTier, PrefetchResult};
 use crate::report::{CycleReport, Event, StandbyReport};
 use crate::retry::{self, Episode, Kind, Pace};
 use crate::sync::CycleError;
@@ -121,6 +122,8 @@ pub struct Shared {
     pub fill_until: Instant,
     /// fill_room from the mirror (the primary's feed reports its colder blocks).
     pub colder_feed: bool,
+    /// The page-cache tier (oscache.rs), when configured and the primary has it.
+    pub os: Option<Arc<Mutex<OsTier>>>,
 }
 
 impl Shared {
@@ -136,6 +139,11 @@ impl Shared {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The page-cache tier's state, locked for a moment (never across an await).
+pub fn os_tier(tier: &Mutex<OsTier>) -> MutexGuard<'_, OsTier> {
+    tier.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One standby to warm, and what the loop remembers of it between cycles.
@@ -730,6 +738,63 @@ impl<N: NodeApi> Standby<N> {
         Ok(())
     }
 
+    /// The page-cache tier, once it read its whole share of the hot set: the batches of the
+    /// primary's page cache queued for it (oscache.rs), read into its page cache with
+    /// ccm_os_prefetch until the end of the interval, one batch at least. Not while replay is
+    /// behind (max_replay_lag), nor on a standby without extension 0.9.0.
+    pub async fn warm_os(
+        &mut self,
+        shared: &Shared,
+        report: &CycleReport,
+    ) -> Result<(), CycleError> {
+        let Some(tier) = shared.os.as_ref() else {
+            return Ok(());
+        };
+        let name = self.name.clone();
+        let usable = self.node.as_ref().is_some_and(|n| n.has_os_cache());
+        if !usable || self.retry_at.is_some() || self.replay_behind {
+            return Ok(());
+        }
+        if report.loaded_whole_share(&name).is_none() {
+            return Ok(());
+        }
+        let mut first = true;
+        loop {
+            // Not in the loop's condition: the guard would live across the awaits.
+            let next = os_tier(tier).next_batch(&name);
+            let Some(batch) = next else {
+                break;
+            };
+            if !first && Instant::now() >= shared.fill_until {
+                break;
+            }
+            first = false;
+            let done = if batch.list.is_empty() {
+                PrefetchResult::default()
+            } else {
+                let result = self.node().os_prefetch(&batch.list, true).await;
+                let (in_recovery, done) = self.call(&shared.metrics, Stage::Prewarm, result)?;
+                if !in_recovery {
+                    return Err(self.promoted(&shared.metrics));
+                }
+                done
+            };
+            shared.metrics.os_cache_read(&name, done.advised);
+            let coverage = {
+                let mut tier = os_tier(tier);
+                tier.done(&name, done);
+                batch.ends_pass.and(tier.coverage(&name))
+            };
+            if let Some(coverage) = coverage {
+                shared.metrics.os_cache_coverage(&name, &coverage);
+                debug!(standby = %name, held = coverage.held_blocks,
+                    primary = coverage.primary_blocks, limited = coverage.limited,
+                    "a pass over the primary's page cache ended for this standby");
+            }
+        }
+        Ok(())
+    }
+
     /// Its unused buffers as far as the agent knows: its shared_buffers less the blocks its
     /// feed reports and those sent but not reported yet. None until its feed has swept all its
     /// buffers since its last reset (until then it may hold blocks the feed has not reached).
@@ -961,10 +1026,13 @@ pub async fn warm_task<N: NodeApi>(
     list: Option<Vec<u8>>,
 ) -> Done<(), N> {
     let mut report = CycleReport::default();
-    let result = match list {
+    let mut result = match list {
         Some(list) => standby.warm_list(&shared, &list, &mut report).await,
         None => standby.warm_feed(&shared, &mut report).await,
     };
+    if result.is_ok() {
+        result = standby.warm_os(&shared, &report).await;
+    }
     Done {
         standby,
         report,

@@ -23,8 +23,9 @@ use tracing::debug;
 use crate::config::Config;
 use crate::conninfo::{ConnInfo, HostSpec};
 use crate::election::Holder;
-use crate::metrics::coverage;
+use crate::metrics::{coverage, BLOCK_BYTES};
 use crate::node::{self, CcmStatus, ConnectOptions, Node, NodeError, Side, WalCacheStatus};
+use crate::oscache::{self, Cursor};
 use crate::patroni;
 use crate::topology::{self, Topology};
 
@@ -85,6 +86,10 @@ pub struct StandbyStatus {
     /// Hot buffers its filter lacks.
     pub missing: Option<i64>,
     pub coverage: Option<f64>,
+    /// What its page cache holds of the primary's page cache of relation files, in bytes and
+    /// as a share (extension 0.9.0).
+    pub os_held_bytes: Option<u64>,
+    pub os_coverage: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -111,6 +116,9 @@ pub struct StatusReport {
     pub missing: Option<i64>,
     /// 1 - missing/hot_buffers, 0..1 (1 when nothing is hot), on the first standby.
     pub coverage: Option<f64>,
+    /// Bytes of relation files (main forks of permanent relations) in the primary's page
+    /// cache (extension 0.9.0).
+    pub os_cache_bytes: Option<u64>,
     /// The row of aurora_ccm_status() on the primary.
     pub status: Option<CcmStatus>,
     pub buffers_sent_per_second: Option<f64>,
@@ -142,6 +150,15 @@ impl StatusReport {
                     );
                 }
             }
+            if let (Some(c), Some(held)) = (s.os_coverage, s.os_held_bytes) {
+                let _ = writeln!(
+                    out,
+                    "         {}: page cache holds {:.1}% of the primary's ({})",
+                    s.name,
+                    c * 100.0,
+                    mib_bytes(held)
+                );
+            }
         }
         if self.standbys.is_empty() {
             node_line(&mut out, "standby", &self.standby);
@@ -172,6 +189,13 @@ impl StatusReport {
                 out,
                 "coverage {:.1}% of the hot set cached on the standby ({missing} hot buffers missing)",
                 c * 100.0
+            );
+        }
+        if let Some(bytes) = self.os_cache_bytes {
+            let _ = writeln!(
+                out,
+                "page cache {} of relation files on the primary",
+                mib_bytes(bytes)
             );
         }
         if let Some(s) = &self.status {
@@ -253,6 +277,10 @@ fn node_line(out: &mut String, side: &str, n: &NodeReport) {
     }
 }
 
+fn mib_bytes(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
 fn mib(blocks: i64) -> String {
     format!("{:.1} MiB", blocks as f64 * 8192.0 / (1024.0 * 1024.0))
 }
@@ -290,6 +318,8 @@ pub struct Looker {
     patroni: patroni::Client,
     primary: Option<Kept>,
     standbys: Vec<Kept>,
+    /// Measure the page cache too (`status`; `wait` with --min-os-coverage).
+    os: bool,
 }
 
 /// A kept session, with what it was made for: a standby's name (empty for the primary) and
@@ -322,21 +352,34 @@ impl Looker {
             patroni: patroni::Client::new(),
             primary: None,
             standbys: Vec::new(),
+            os: true,
         }
+    }
+
+    /// Whether each look measures the page cache too (a walk of the primary's files).
+    pub fn measure_page_cache(mut self, os: bool) -> Self {
+        self.os = os;
+        self
     }
 
     /// One look: the topology read again, the sessions it still names reused, the others
     /// made, and the report. Never fails: what could not be learned is a problem in it.
     pub async fn gather(&mut self) -> StatusReport {
         let mut report = StatusReport::default();
-        let topology =
-            match topology::discover(&self.cfg, &self.patroni, self.cfg.connect_timeout, &self.cancel).await {
-                Ok(t) => t,
-                Err(e) => {
-                    report.problems.push(format!("topology: {e}"));
-                    return report;
-                }
-            };
+        let topology = match topology::discover(
+            &self.cfg,
+            &self.patroni,
+            self.cfg.connect_timeout,
+            &self.cancel,
+        )
+        .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                report.problems.push(format!("topology: {e}"));
+                return report;
+            }
+        };
         report.leader = topology.leader.clone();
         report.excluded = topology.excluded.clone();
         let kept_primary = self.primary.take();
@@ -345,7 +388,7 @@ impl Looker {
             open_primary(&self.cfg, &topology, kept_primary, &self.cancel),
             connect_standbys(&self.cfg, &topology, kept_standbys, &self.cancel),
         );
-        let (primary, standbys) = examine(&mut report, &topology, primary, standbys).await;
+        let (primary, standbys) = examine(&mut report, &topology, primary, standbys, self.os).await;
         self.primary = primary.map(|node| Kept {
             name: String::new(),
             hosts: topology.primary.hosts(),
@@ -443,6 +486,7 @@ async fn examine(
     topology: &Topology,
     primary: Result<Node, NodeError>,
     standbys: Vec<(String, ConnInfo, Result<Node, NodeError>)>,
+    os: bool,
 ) -> (Option<Node>, Vec<Kept>) {
     let mut primary = enter_primary(report, topology, primary);
     if let Some(p) = primary.as_mut().filter(|p| !p.facts.in_recovery) {
@@ -465,6 +509,9 @@ async fn examine(
     if !blocked {
         if let Some(p) = primary.as_mut() {
             primary_broken = collect_numbers(report, p, &mut reached).await;
+            if os && !primary_broken && p.has_os_cache() {
+                primary_broken = collect_os_numbers(report, p, &mut reached).await;
+            }
         }
     }
     show_first_standby(report, &reached);
@@ -678,6 +725,80 @@ async fn collect_numbers(
     broken
 }
 
+/// The most slices of the primary's page cache a look reads (1 GB of cached blocks or
+/// 2048 files each): a bound, not a figure any real node reaches.
+const OS_MAX_SLICES: usize = 65_536;
+
+/// The primary's page cache of relation files (a walk of all its files, in slices), and what
+/// each measured standby with extension 0.9.0 holds of it (counted by the standby, nothing
+/// read). Returns whether a call broke the primary's session.
+async fn collect_os_numbers(
+    report: &mut StatusReport,
+    primary: &mut Node,
+    standbys: &mut [Reached],
+) -> bool {
+    let mut lists = Vec::new();
+    let mut blocks = 0u64;
+    let mut after = Cursor::START;
+    for _ in 0..OS_MAX_SLICES {
+        match primary
+            .os_cached_blocks(after, oscache::SLICE_BLOCKS, oscache::SLICE_FILES)
+            .await
+        {
+            Ok((_, answer)) => {
+                if !answer.in_play {
+                    return false;
+                }
+                blocks += answer.blocks;
+                if answer.blocks > 0 {
+                    lists.push(answer.list);
+                }
+                if answer.complete {
+                    break;
+                }
+                after = answer.last;
+            }
+            Err(e) => return note_error(report, e),
+        }
+    }
+    report.os_cache_bytes = Some(blocks.saturating_mul(BLOCK_BYTES));
+    for s in standbys
+        .iter_mut()
+        .filter(|s| s.measured && s.node.has_os_cache())
+    {
+        let mut held = 0u64;
+        let mut counted = true;
+        for list in &lists {
+            match s.node.os_prefetch(list, false).await {
+                Ok((true, done)) => held += done.already_cached,
+                Ok((false, _)) => {
+                    promoted(report, s);
+                    counted = false;
+                    break;
+                }
+                Err(e) => {
+                    s.broken = note_error(report, e);
+                    counted = false;
+                    break;
+                }
+            }
+        }
+        if counted {
+            let entry = &mut report.standbys[s.entry];
+            entry.os_held_bytes = Some(held.saturating_mul(BLOCK_BYTES));
+            entry.os_coverage = Some(
+                oscache::Coverage {
+                    primary_blocks: blocks,
+                    held_blocks: held,
+                    limited: false,
+                }
+                .share(),
+            );
+        }
+    }
+    false
+}
+
 /// A standby promoted since its session was made (the session was kept from an earlier
 /// look): a primary now, shown as one and not measured.
 fn promoted(report: &mut StatusReport, standby: &mut Reached) {
@@ -800,6 +921,8 @@ mod tests {
                 node: node("standby", 5433),
                 missing: Some(20),
                 coverage: Some(coverage(1000, 20)),
+                os_held_bytes: Some(3 << 30),
+                os_coverage: Some(0.75),
             }],
             leader: None,
             excluded: vec![],
@@ -814,6 +937,7 @@ mod tests {
             hot_buffers: Some(1000),
             missing: Some(20),
             coverage: Some(coverage(1000, 20)),
+            os_cache_bytes: Some(4 << 30),
             status: Some(CcmStatus {
                 buffers_sent_last_minute: 600,
                 buffers_found_last_minute: 6000,

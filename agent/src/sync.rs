@@ -70,6 +70,7 @@ use crate::metrics::{Metrics, Stage};
 use crate::node::{ConnectOptions, Node, NodeError, Side, WalSource};
 use crate::nodeapi::NodeApi;
 use crate::notify;
+use crate::oscache::{self, OsTier};
 use crate::patroni;
 use crate::report::{
     CandidateRow, CandidateState, CycleReport, Event, StandbyReport, REPORT_MAX_CANDIDATES,
@@ -77,8 +78,8 @@ use crate::report::{
 };
 use crate::retry::{self, Episode, Kind, Pace};
 use crate::standby::{
-    self, addresses, count_node_wire, unused_room, Done, PrimaryView, Ready, Shared, Standby, Tier,
-    FILL_MAX_BATCHES, FILL_MIN_BLOCKS, FILL_RECHECK,
+    self, addresses, count_node_wire, os_tier, unused_room, Done, PrimaryView, Ready, Shared,
+    Standby, Tier, FILL_MAX_BATCHES, FILL_MIN_BLOCKS, FILL_RECHECK,
 };
 use crate::topology::{self, Target};
 use crate::walsender::Endpoint;
@@ -316,11 +317,18 @@ pub struct Syncer<N: NodeApi = Node> {
     agent_name: String,
     /// Writing the candidate report failed, and that was logged (once per episode).
     report_failing: bool,
+    /// The page-cache tier (oscache.rs), and the primary (label, system identifier) whose
+    /// page cache it walks.
+    os: Arc<Mutex<OsTier>>,
+    os_primary: Option<(String, String)>,
+    /// Reading the primary's page cache failed, and that was logged (once per episode).
+    os_failing: bool,
 }
 
 impl<N: NodeApi> Syncer<N> {
     pub fn new(cfg: Arc<Config>, metrics: Arc<Metrics>, cancel: CancellationToken) -> Self {
         let cfg_change_feed = cfg.change_feed;
+        let cfg_os_pause = cfg.os_cache_pause;
         Syncer {
             cfg,
             metrics,
@@ -345,6 +353,9 @@ impl<N: NodeApi> Syncer<N> {
             election: Some(Election::default()),
             agent_name: agent_name(),
             report_failing: false,
+            os: Arc::new(Mutex::new(OsTier::new(cfg_os_pause))),
+            os_primary: None,
+            os_failing: false,
         }
     }
 
@@ -572,6 +583,11 @@ impl<N: NodeApi> Syncer<N> {
         if let Some(warning) = node.catalog_behind() {
             warn!("{warning}");
         }
+        let this = (label.clone(), node.facts().system_identifier.clone());
+        if self.os_primary.as_ref().is_some_and(|p| *p != this) {
+            os_tier(&self.os).reset();
+        }
+        self.os_primary = Some(this);
         self.primary_addrs = addresses(node.host()).await;
         self.primary_source = Some(source);
         self.metrics.set_node_up(Side::Primary, true);
@@ -719,6 +735,7 @@ impl<N: NodeApi> Syncer<N> {
             progress: progress.cloned(),
             fill_until: started + self.cfg.interval,
             colder_feed: self.colder_feed(),
+            os: self.os_wanted().then(|| self.os.clone()),
         }
     }
 
@@ -1038,6 +1055,10 @@ impl<N: NodeApi> Syncer<N> {
             Err(error) => debug!(%error, "reading the logical WAL cache status failed"),
         }
 
+        // The page cache's next slice, if one is due, for the warm tasks to read after the hot
+        // set (oscache.rs).
+        self.os_slice(&ready).await?;
+
         // (3), (4) Every standby its batches, each in its task; with the colder feed, (5) too.
         let warm: Vec<(usize, Option<Vec<u8>>)> = if feed {
             ready.iter().map(|(i, _)| (*i, None)).collect()
@@ -1088,6 +1109,89 @@ impl<N: NodeApi> Syncer<N> {
         self.last_hot_set = report.hot_buffers;
         report.close(&self.metrics, started.elapsed(), Some(lowest));
         Ok(report)
+    }
+
+    /// Whether this cycle has the page-cache tier: configured, `run` (not sync --once), and
+    /// the primary has extension 0.9.0.
+    fn os_wanted(&self) -> bool {
+        self.cfg.os_cache
+            && self.election.is_some()
+            && self.primary.as_ref().is_some_and(|p| p.has_os_cache())
+    }
+
+    /// Reads the next slice of the primary's page cache when the tier wants one (every
+    /// standby of `ready` has read what it was given, and no pause), splits it into batches
+    /// and queues them for those standbys; an idle standby not among them loses its queue.
+    /// A failure is logged once per episode and never stops the cycle.
+    async fn os_slice(&mut self, ready: &[(usize, Ready)]) -> Result<(), CycleError> {
+        if !self.os_wanted() {
+            return Ok(());
+        }
+        let up: Vec<String> = ready
+            .iter()
+            .map(|(i, _)| self.standbys[*i].name.clone())
+            .collect();
+        let up: Vec<&str> = up.iter().map(String::as_str).collect();
+        let after = {
+            let mut tier = os_tier(&self.os);
+            for slot in self.standbys.iter().filter(|s| !s.busy()) {
+                if !up.contains(&slot.name.as_str()) {
+                    tier.drop_queue(&slot.name);
+                }
+            }
+            tier.wants_slice(Instant::now(), &up)
+        };
+        let Some(after) = after else {
+            return Ok(());
+        };
+        let result = self
+            .primary()
+            .os_cached_blocks(after, oscache::SLICE_BLOCKS, oscache::SLICE_FILES)
+            .await;
+        let answer = match result {
+            // In recovery (demoted): the next cycle's checks find out.
+            Ok((true, _)) => return Ok(()),
+            Ok((false, answer)) => answer,
+            Err(NodeError::Cancelled) => return Err(CycleError::Cancelled),
+            Err(error) => {
+                if error.breaks_connection() {
+                    self.drop_primary();
+                }
+                if std::mem::replace(&mut self.os_failing, true) {
+                    debug!("reading the primary's page cache failed: {error}");
+                } else {
+                    warn!(
+                        "reading the primary's page cache (ccm_os_cached_blocks) failed: \
+                         {error}; the shared_buffers tier goes on"
+                    );
+                }
+                return Ok(());
+            }
+        };
+        if std::mem::take(&mut self.os_failing) {
+            info!("reading the primary's page cache works again");
+        }
+        let batches = match answer.blocks {
+            0 => Vec::new(),
+            _ => BlockList::decode(&answer.list)
+                .map_err(|e| CycleError::Decode(format!("the primary's page cache: {e}")))?
+                .split_in_file_order(oscache::BATCH_BLOCKS),
+        };
+        let mut tier = os_tier(&self.os);
+        if tier.in_play() && !answer.in_play {
+            info!(
+                "the primary {} reads relation files with direct I/O (debug_io_direct): its \
+                 page cache holds no relation data, and only shared_buffers is warmed",
+                self.primary_label()
+            );
+        }
+        tier.add_slice(&answer, batches, &up);
+        if answer.complete {
+            if let Some(blocks) = tier.primary_blocks() {
+                self.metrics.os_cache_primary(blocks);
+            }
+        }
+        Ok(())
     }
 
     /// Step (5) with a standby's filter and a scan of the primary (the filter exchange, or a
@@ -1480,6 +1584,7 @@ impl<N: NodeApi> Syncer<N> {
         if !self.patient {
             self.feed_wanted = cfg.change_feed;
         }
+        os_tier(&self.os).set_pause(cfg.os_cache_pause);
         self.metrics.set_stale_after(stale_after(&cfg));
         self.cfg = cfg;
     }

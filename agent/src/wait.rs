@@ -45,6 +45,7 @@ pub enum Verdict {
 pub fn judge(
     report: &StatusReport,
     min_coverage: f64,
+    min_os_coverage: Option<f64>,
     member: Option<&str>,
     unreachable_count: bool,
 ) -> Verdict {
@@ -82,23 +83,39 @@ pub fn judge(
                 short.push(format!("{}: {why}", s.name));
             }
         }
+        let Some(min_os) = min_os_coverage else {
+            continue;
+        };
+        match s.os_coverage {
+            Some(c) if c >= min_os => {}
+            Some(c) => short.push(format!(
+                "{} holds {} of the primary's page cache",
+                s.name,
+                pct(c)
+            )),
+            // Not measured, and not for a reason given above.
+            None if s.coverage.is_some() => short.push(format!(
+                "{}: its page cache is not measured (it needs extension 0.9.0, as the primary)",
+                s.name
+            )),
+            None => {}
+        }
     }
+    let needs = match min_os_coverage {
+        Some(os) => format!("{}, page cache {}", pct(min_coverage), pct(os)),
+        None => pct(min_coverage),
+    };
     if short.is_empty() {
         let names: Vec<_> = candidates
             .iter()
             .map(|s| format!("{} {}", s.name, pct(s.coverage.unwrap_or(1.0))))
             .collect();
         Verdict::Warm(format!(
-            "warm: {} of a hot set of {hot} buffers (at least {} wanted)",
+            "warm: {} of a hot set of {hot} buffers (at least {needs} wanted)",
             names.join(", "),
-            pct(min_coverage)
         ))
     } else {
-        Verdict::NotYet(format!(
-            "{} (needs {})",
-            short.join("; "),
-            pct(min_coverage)
-        ))
+        Verdict::NotYet(format!("{} (needs {needs})", short.join("; ")))
     }
 }
 
@@ -118,6 +135,7 @@ pub async fn wait(
     cfg: Arc<Config>,
     cancel: CancellationToken,
     min_coverage: f64,
+    min_os_coverage: Option<f64>,
     timeout: Duration,
     member: Option<&str>,
 ) -> Result<String, String> {
@@ -126,11 +144,17 @@ pub async fn wait(
     let unreachable_count = cfg.patroni.is_some();
     let poll = poll_interval(cfg.interval);
     debug!("looking every {}", format_duration(poll));
-    let mut looker = Looker::new(cfg, cancel.clone());
+    let mut looker = Looker::new(cfg, cancel.clone()).measure_page_cache(min_os_coverage.is_some());
     loop {
         let report = looker.gather().await;
         debug!("looked; {} sessions kept for the next look", looker.kept());
-        match judge(&report, min_coverage, member, unreachable_count) {
+        match judge(
+            &report,
+            min_coverage,
+            min_os_coverage,
+            member,
+            unreachable_count,
+        ) {
             Verdict::Warm(message) => return Ok(message),
             Verdict::NotYet(reason) => {
                 if reason != last {
@@ -167,6 +191,8 @@ mod tests {
             },
             missing: None,
             coverage,
+            os_held_bytes: None,
+            os_coverage: None,
         }
     }
 
@@ -198,20 +224,23 @@ mod tests {
             standby("n1", "primary", None),
         ]);
         assert_eq!(
-            judge(&r, 0.99, None, false),
+            judge(&r, 0.99, None, None, false),
             Verdict::NotYet("n3 holds 90.0% of the hot set (needs 99.0%)".into())
         );
         assert!(
-            matches!(judge(&r, 0.99, Some("n2"), false), Verdict::Warm(m) if m.contains("n2 99.5%"))
+            matches!(judge(&r, 0.99, None, Some("n2"), false), Verdict::Warm(m) if m.contains("n2 99.5%"))
         );
-        assert!(matches!(judge(&r, 0.8, None, false), Verdict::Warm(_)));
+        assert!(matches!(
+            judge(&r, 0.8, None, None, false),
+            Verdict::Warm(_)
+        ));
     }
 
     #[test]
     fn unknown_members_and_errors_are_not_warm() {
         let r = report(vec![standby("n2", "standby", Some(1.0))]);
         assert_eq!(
-            judge(&r, 0.99, Some("n9"), false),
+            judge(&r, 0.99, None, Some("n9"), false),
             Verdict::NotYet("n9 is not a failover candidate of this cluster".into())
         );
         let mut down = standby("n2", "standby", None);
@@ -221,17 +250,45 @@ mod tests {
         // (an old primary waiting to rejoin) is passed over when another standby is warm.
         let both = report(vec![standby("n3", "standby", Some(1.0)), down.clone()]);
         assert_eq!(
-            judge(&both, 0.99, None, true),
+            judge(&both, 0.99, None, None, true),
             Verdict::NotYet("n2: connection refused (needs 99.0%)".into())
         );
-        assert!(matches!(judge(&both, 0.99, None, false), Verdict::Warm(_)));
         assert!(matches!(
-            judge(&report(vec![down]), 0.99, None, false),
+            judge(&both, 0.99, None, None, false),
+            Verdict::Warm(_)
+        ));
+        assert!(matches!(
+            judge(&report(vec![down]), 0.99, None, None, false),
             Verdict::NotYet(_)
         ));
         assert!(matches!(
-            judge(&report(vec![]), 0.5, None, false),
+            judge(&report(vec![]), 0.5, None, None, false),
             Verdict::NotYet(_)
+        ));
+    }
+
+    #[test]
+    fn the_page_cache_is_waited_for_only_when_asked() {
+        let mut warm = standby("n2", "standby", Some(1.0));
+        warm.os_coverage = Some(0.4);
+        let unmeasured = standby("n3", "standby", Some(1.0));
+        let r = report(vec![warm.clone(), unmeasured]);
+        assert!(matches!(
+            judge(&r, 0.99, None, None, false),
+            Verdict::Warm(_)
+        ));
+        assert_eq!(
+            judge(&r, 0.99, Some(0.9), None, false),
+            Verdict::NotYet(
+                "n2 holds 40.0% of the primary's page cache; n3: its page cache is not measured \
+                 (it needs extension 0.9.0, as the primary) (needs 99.0%, page cache 90.0%)"
+                    .into()
+            )
+        );
+        warm.os_coverage = Some(0.95);
+        assert!(matches!(
+            judge(&report(vec![warm]), 0.99, Some(0.9), None, false),
+            Verdict::Warm(m) if m.contains("page cache 90.0%")
         ));
     }
 }
