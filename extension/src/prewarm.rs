@@ -159,11 +159,17 @@ struct Read {
 
 /// Raises the ERROR for a node that is not (or no longer) a standby.
 pub(crate) fn require_recovery() {
+    require_recovery_for("ccm_prewarm() loads blocks only on a standby.");
+}
+
+/// Raises the ERROR for a node that is not (or no longer) a standby, `detail` saying which
+/// function needs one.
+pub(crate) fn require_recovery_for(detail: &str) {
     if !unsafe { pg_sys::RecoveryInProgress() } {
         errors::raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "recovery is not in progress".into(),
-            Some("ccm_prewarm() loads blocks only on a standby.".into()),
+            Some(detail.into()),
             Some("Run it on a hot standby; if this node was just promoted, warm the new standby instead."),
         );
     }
