@@ -6,6 +6,7 @@
 //! - 17: backends are numbered by ProcNumber (`INVALID_PROC_NUMBER`, not
 //!   `InvalidBackendId`), PGPROC's `lxid` moved into `vxid`, and buffers can be read through a read stream (read_stream.h),
 //!   which pgrx does not bind: it is declared here.
+//! - 16: `debug_io_direct` can bypass the kernel's page cache for relation data.
 //! - 18: `GetRelationPath` returns its path by value (`RelPathStr`); `pqsignal` is a macro
 //!   over `pqsignal_be`; read streams submit asynchronous I/O (io_method).
 //!
@@ -315,6 +316,38 @@ pub fn relation_path(rel: RelFork) -> String {
         let path = pg_sys::GetRelationPath(db, spc, number, NO_BACKEND, fork);
         std::ffi::CStr::from_ptr(path.str_.as_ptr()).to_string_lossy().into_owned()
     }
+}
+
+/// Directory of database `db` in tablespace `spc`, relative to the data directory:
+/// `base/<db>` (1663), `global` (1664), `pg_tblspc/<spc>/<TABLESPACE_VERSION_DIRECTORY>/<db>`
+/// for the others (GetDatabasePath, whose version directory names the major version and the
+/// catalog version).
+pub fn database_path(spc: u32, db: u32) -> String {
+    unsafe {
+        let path = pg_sys::GetDatabasePath(pg_sys::Oid::from_u32(db), pg_sys::Oid::from_u32(spc));
+        let owned = std::ffi::CStr::from_ptr(path).to_string_lossy().into_owned();
+        pg_sys::pfree(path.cast());
+        owned
+    }
+}
+
+/// Does this server read and write relation data with direct I/O, past the kernel's page
+/// cache (`debug_io_direct` naming `data`, PostgreSQL 16 and later)? Then the page cache
+/// holds no relation data worth measuring or warming.
+pub fn data_bypasses_page_cache() -> bool {
+    #[cfg(feature = "pg15")]
+    return false;
+    #[cfg(not(feature = "pg15"))]
+    unsafe {
+        let value = pg_sys::GetConfigOption(c"debug_io_direct".as_ptr(), true, false);
+        !value.is_null() && io_direct_names_data(&std::ffi::CStr::from_ptr(value).to_string_lossy())
+    }
+}
+
+/// Whether a `debug_io_direct` setting (a list such as `data, wal`) names `data`.
+#[cfg_attr(feature = "pg15", allow(dead_code))]
+pub fn io_direct_names_data(setting: &str) -> bool {
+    setting.split(',').any(|item| item.trim().trim_matches('"').eq_ignore_ascii_case("data"))
 }
 
 /// Installs a signal handler in a background worker (`pqsignal`, a macro from 18 on).

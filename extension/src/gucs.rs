@@ -13,6 +13,9 @@ pub static USAGE_THRESHOLD: GucSetting<i32> = GucSetting::<i32>::new(3);
 /// upcoming reads; 0 leaves the advice to the backend itself.
 pub static PREWARM_READAHEAD_THREADS: GucSetting<i32> = GucSetting::<i32>::new(2);
 
+/// `ccm.os_cache_min_free`: megabytes of memory `ccm_os_prefetch` leaves free on a standby.
+pub static OS_CACHE_MIN_FREE: GucSetting<i32> = GucSetting::<i32>::new(1024);
+
 /// `ccm.logical_wal_cache`: size of the logical WAL cache in WAL pages (8 kB); 0 turns it
 /// off, 1 to 3 are raised to 4 (as Aurora's `rds.logical_wal_cache`). The worker uses at
 /// most a quarter of the server's memory (RAM, or a cgroup's limit if smaller), whatever the
@@ -80,6 +83,16 @@ pub fn init() {
         16,
         GucContext::Suset,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"ccm.os_cache_min_free",
+        c"Memory ccm_os_prefetch() leaves free on a standby.",
+        c"ccm_os_prefetch() reads into the page cache only while more than this is free (MemFree, or the cgroup's memory limit less its usage), so it never evicts what the standby's own readers cached.",
+        &OS_CACHE_MIN_FREE,
+        0,
+        i32::MAX / 2,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
     );
     // SAFETY: the check hook is guarded and only rewrites the proposed value.
     unsafe {
