@@ -280,6 +280,68 @@ mod tests {
         prewarm(list_of(rel, 0..blocks, 5));
     }
 
+    #[pg_test(error = "recovery is not in progress")]
+    fn os_prefetch_refuses_to_run_on_a_primary() {
+        let (rel, blocks) = cached_table("os_primary_t");
+        Spi::connect(|client| {
+            client.select("SELECT * FROM ccm_os_prefetch($1)", None, &[list_of(rel, 0..blocks, 0).into()]).map(|_| ())
+        })
+        .unwrap();
+    }
+
+    #[pg_test(error = "max_blocks must be between 1 and 1048576: 0")]
+    fn os_cached_blocks_bounds_its_list() {
+        Spi::run("SELECT * FROM ccm_os_cached_blocks(0, 0, 0, -1, 0, 10)").unwrap();
+    }
+
+    #[pg_test(error = "max_files must be between 1 and 100000: 100001")]
+    fn os_cached_blocks_bounds_its_files() {
+        Spi::run("SELECT * FROM ccm_os_cached_blocks(0, 0, 0, -1, 10, 100001)").unwrap();
+    }
+
+    #[pg_test]
+    fn os_cached_blocks_walks_every_file_once_in_steps() {
+        // Which pages the kernel caches can change at any time; the walk itself cannot: each
+        // step moves the cursor forward, examines at most max_files files, and the steps
+        // together examine what one call examines.
+        let step = "SELECT encode(list, 'hex'), last_spc::int8, last_db::int8, last_rel::int8, last_block, complete, files, in_play \
+                    FROM ccm_os_cached_blocks($1::int8::oid, $2::int8::oid, $3::int8::oid, $4, $5, $6)";
+        let walk = |max_files: i32| {
+            let (mut cursor, mut files, mut calls) = ((0i64, 0i64, 0i64, -1i64), 0i64, 0);
+            loop {
+                let (list, next, complete, stepped, in_play) = Spi::connect(|client| {
+                    let args = [cursor.0.into(), cursor.1.into(), cursor.2.into(), cursor.3.into(), 1_048_576i64.into(), max_files.into()];
+                    let row = client.select(step, None, &args).unwrap().first();
+                    let at = |i| row.get::<i64>(i).unwrap().unwrap();
+                    (
+                        row.get::<String>(1).unwrap().unwrap(),
+                        (at(2), at(3), at(4), at(5)),
+                        row.get::<bool>(6).unwrap().unwrap(),
+                        i64::from(row.get::<i32>(7).unwrap().unwrap()),
+                        row.get::<bool>(8).unwrap().unwrap(),
+                    )
+                });
+                assert!(in_play, "the test server reads through the page cache");
+                assert!(stepped <= i64::from(max_files));
+                assert!(complete || next > cursor, "{next:?} after {cursor:?}");
+                one_i64(&format!("SELECT blocks FROM ccm_block_list_info('\\x{list}'::bytea)"));
+                (cursor, files, calls) = (next, files + stepped, calls + 1);
+                if complete {
+                    return (files, calls);
+                }
+            }
+        };
+        Spi::run("CREATE TABLE os_walk_t AS SELECT g FROM generate_series(1, 100000) g").unwrap();
+        Spi::run("CHECKPOINT").unwrap();
+        let (all, one_call) = walk(100_000);
+        assert_eq!(one_call, 1);
+        assert!(all > 100, "a cluster has hundreds of relation files: {all}");
+        let (stepped, calls) = walk(7);
+        // Other sessions (autovacuum) may give a relation its first block meanwhile.
+        assert!((stepped - all).abs() <= 10, "{stepped} files in steps, {all} in one call");
+        assert!(calls >= all / 7, "{calls} calls for {all} files");
+    }
+
     #[pg_test(error = "invalid pg_ccm filter")]
     fn hot_blocks_reject_a_corrupt_filter() {
         let mut filter = bytes("SELECT ccm_buffer_filter()");
