@@ -139,8 +139,9 @@ def test_an_upgrade_from_0_1_0_equals_a_fresh_install():
         assert surface(primary, "upgraded") == surface(primary, "fresh")
         # 0.2.0: the WAL cache's four functions; 0.4.0: ccm_hot_blocks_each and ccm_wal_source;
         # 0.5.0: ccm_buffer_changes (0.6.0 gave it the colder lists); 0.7.0: ccm_library_version;
-        # 0.8.0: ccm_report_candidates, ccm_candidate_reports and the view ccm_candidates.
-        assert len(surface(primary, "fresh")) == len(old) + 11
+        # 0.8.0: ccm_report_candidates, ccm_candidate_reports and the view ccm_candidates;
+        # 0.9.0: ccm_os_cached_blocks and ccm_os_prefetch.
+        assert len(surface(primary, "fresh")) == len(old) + 13
     finally:
         cluster.destroy()
 

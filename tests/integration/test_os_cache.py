@@ -1,0 +1,164 @@
+"""The page-cache tier (extension 0.9.0): what the primary's kernel caches of its relation
+files, read into each failover candidate's page cache, never its shared_buffers.
+
+Residency is measured with util-linux's fincore on the nodes' own files, not with pg_ccm's
+counters. Both nodes run on one host but have their own files, so each file's pages in the
+page cache are that node's: the standby's are dropped (vmtouch -e) to stand for a host that
+never read them.
+
+- A table larger than shared_buffers is read on the primary (a sequential scan through a ring
+  of buffers: its pages end up in the page cache, not in shared_buffers). The agent makes the
+  standby's page cache hold it, loading a fraction of it into shared_buffers; the agent's
+  metrics and `status` say how much the standby holds.
+- Above the standby's memory headroom (ccm.os_cache_min_free) nothing is read.
+- The primary's list holds main forks of permanent relations only: not an unlogged table, a
+  temporary one, or another fork.
+- ccm_os_prefetch refuses to run on a primary and refuses malformed lists, with SQLSTATEs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import psycopg
+import pytest
+
+from harness.agent import AgentProcess, run_agent_json
+from harness.cluster import Node, make_table, read
+from harness.wait import wait_for
+
+# Slices of the whole data directory at once: the tests' clusters are small.
+SCAN = ("SELECT list, complete FROM ccm_os_cached_blocks(0, 0, 0, -1, 1048576, 100000)")
+
+
+def resident_share(node: Node, relpath: str) -> float:
+    """Share of the pages of a relation's first segment file in the page cache (fincore)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES,SIZE",
+                          str(node.datadir / relpath)], check=True, capture_output=True, text=True).stdout
+    res, size = (int(v) for v in out.split())
+    return res / size if size else 1.0
+
+
+def cold_big_table(cluster, megabytes: int = 200) -> str:
+    """A table four times larger than a quarter of shared_buffers (128 MB), read on the
+    primary; the standby's copy dropped from the page cache. Returns its file's path."""
+    primary, standby = cluster.primary, cluster.standby
+    make_table(primary, "big", megabytes)
+    read(primary, "big")
+    relpath = primary.one("SELECT pg_relation_filepath('big')")
+    primary.sql("CHECKPOINT")
+    cluster.wait_caught_up()
+    standby.sql("CHECKPOINT")
+    standby.drop_os_cache()
+    assert resident_share(primary, relpath) > 0.95
+    assert resident_share(standby, relpath) < 0.05
+    return relpath
+
+
+def test_the_standby_page_cache_comes_to_hold_the_primarys(cluster, log_dir):
+    primary, standby = cluster.primary, cluster.standby
+    relpath = cold_big_table(cluster)
+    member = f"127.0.0.1:{standby.port}"
+    agent = AgentProcess(primary.conninfo(), standby.conninfo(), log_dir, interval="500ms").start()
+    try:
+        wait_for("the standby's page cache to hold the primary's table",
+                 lambda: resident_share(standby, relpath) > 0.95, timeout=60, describe=agent.log)
+        # Into the page cache, not through shared_buffers: what the agent loaded there (its
+        # hot set and fill_room's colder blocks) is a fraction of the table.
+        assert agent.metric("ccm_agent_blocks_loaded_total") < 0.5 * 200 * 128
+        agent.wait_for(lambda: agent.metric(f'ccm_agent_os_cache_coverage_ratio{{node="{member}"}}', -1) >= 0.9,
+                       "the agent's metric of the standby's page cache", timeout=60)
+        assert agent.metric("ccm_agent_os_cache_primary_bytes") >= 200 * 2**20
+        assert agent.metric(f'ccm_agent_os_cache_read_bytes_total{{node="{member}"}}') >= 0.9 * 200 * 2**20
+    finally:
+        agent.stop()
+    status = run_agent_json("status", "--primary", primary.conninfo(), "--standby", standby.conninfo())
+    [seen] = [s for s in status["standbys"] if s["name"] == member]
+    assert status["os_cache_bytes"] >= 200 * 2**20
+    assert seen["os_coverage"] >= 0.9, seen
+    assert seen["os_held_bytes"] <= status["os_cache_bytes"]
+
+
+def test_nothing_is_read_above_the_standbys_headroom(cluster, log_dir):
+    primary, standby = cluster.primary, cluster.standby
+    relpath = cold_big_table(cluster, megabytes=40)
+    # More headroom than the host has memory: not one block may be read.
+    standby.sql("ALTER SYSTEM SET ccm.os_cache_min_free = '1TB'")
+    standby.sql("SELECT pg_reload_conf()")
+    list_, _ = primary.sql(SCAN)[0]
+    with standby.connect() as conn:
+        row = conn.execute("SELECT requested, already_cached, advised, limited "
+                           "FROM ccm_os_prefetch(%s)", [list_]).fetchone()
+    requested, cached, advised, limited = row
+    assert requested > 40 * 128 and advised == 0 and limited, row
+    agent = AgentProcess(primary.conninfo(), standby.conninfo(), log_dir, interval="500ms").start()
+    try:
+        # Two passes: the first tried to read, the second found the same blocks missing.
+        agent.wait_for(lambda: agent.metric("ccm_agent_os_cache_coverage_ratio", -1) >= 0,
+                       "a pass over the primary's page cache", timeout=60)
+        assert agent.metric("ccm_agent_os_cache_primary_bytes") >= 40 * 2**20
+        assert agent.metric("ccm_agent_os_cache_coverage_ratio") < 0.05
+        assert agent.metric("ccm_agent_os_cache_read_bytes_total") == 0
+    finally:
+        agent.stop()
+    assert resident_share(standby, relpath) < 0.05
+
+
+@pytest.mark.every_version
+def test_the_primarys_list_holds_permanent_main_forks_only(cluster):
+    primary = cluster.primary
+    make_table(primary, "kept", 2)
+    primary.sql("CREATE UNLOGGED TABLE scratch AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 9000) g")
+    primary.sql("VACUUM kept")  # a visibility map and a free space map
+    primary.sql("CHECKPOINT")  # written out: every block of it in the page cache
+    with primary.connect() as conn:
+        conn.autocommit = True
+        conn.execute("CREATE TEMP TABLE tmp AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 9000) g")
+        conn.execute("SELECT count(*) FROM kept")
+        conn.execute("SELECT count(*) FROM scratch")
+        conn.execute("SELECT count(*) FROM tmp")
+        temp_node = conn.execute("SELECT pg_relation_filenode('tmp')").fetchone()[0]
+        blocks = set()
+        after = (0, 0, 0, -1)
+        # Small slices, so that the cursor is exercised: a slice cut in a file goes on after it.
+        for _ in range(100_000):
+            row = conn.execute("SELECT list, last_spc, last_db, last_rel, last_block, complete, in_play "
+                               "FROM ccm_os_cached_blocks(%s, %s, %s, %s, 64, 16)", after).fetchone()
+            assert row[6] is True
+            blocks |= set(conn.execute("SELECT reltablespace::int8, reldatabase::int8, relfilenode::int8, "
+                                       "relforknumber, relblocknumber FROM ccm_unpack_block_list(%s)",
+                                       [row[0]]).fetchall())
+            if row[5]:
+                break
+            after = row[1:5]
+    nodes = {name: primary.one("SELECT pg_relation_filenode(%s)", [name]) for name in ("kept", "scratch")}
+    kept = {b for b in blocks if b[2] == nodes["kept"]}
+    assert len(kept) == primary.one("SELECT pg_relation_size('kept') / 8192"), "every block of a table read"
+    assert all(b[3] == 0 for b in blocks), "main forks only"
+    assert not any(b[2] in (nodes["scratch"], temp_node) for b in blocks), "no unlogged or temporary relation"
+
+
+@pytest.mark.every_version
+def test_prefetch_refuses_a_primary_and_malformed_lists(cluster):
+    primary, standby = cluster.primary, cluster.standby
+    list_, _ = primary.sql(SCAN)[0]
+    with pytest.raises(psycopg.Error) as refused:
+        primary.sql("SELECT * FROM ccm_os_prefetch(%s)", [list_])
+    assert refused.value.sqlstate == "55000", refused.value
+    for bad in (b"", b"CCMB", b"XXXX" + list_[4:], list_[:-1] if len(list_) > 32 else list_[:20]):
+        with pytest.raises(psycopg.Error) as malformed:
+            standby.sql("SELECT * FROM ccm_os_prefetch(%s)", [bad])
+        assert malformed.value.sqlstate and malformed.value.sqlstate[:2] in ("22", "54"), malformed.value
+    for args in ("0, 0, 0, -1, 0, 1", "0, 0, 0, -1, 1, 0", "0, 0, 0, -1, 1048577, 1"):
+        with pytest.raises(psycopg.Error) as bounded:
+            primary.sql(f"SELECT * FROM ccm_os_cached_blocks({args})")
+        assert bounded.value.sqlstate == "22023", bounded.value
+    # Only the agent's role may call them.
+    primary.sql("DROP ROLE IF EXISTS ccm_nobody")
+    primary.sql("CREATE ROLE ccm_nobody LOGIN")
+    for call in ("ccm_os_cached_blocks(0, 0, 0, -1, 1, 1)", "ccm_os_prefetch('')"):
+        with pytest.raises(psycopg.Error) as denied:
+            with primary.connect() as conn:
+                conn.execute("SET ROLE ccm_nobody")
+                conn.execute(f"SELECT * FROM {call}")
+        assert denied.value.sqlstate == "42501", denied.value
