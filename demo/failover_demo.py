@@ -44,6 +44,11 @@ set is a subset of the data); `all` runs both. `large` (chosen only by name: sca
 4.5 GB, shared_buffers 5GB) is the uniform workload at the largest size this 2-core, 23 GB
 machine runs comfortably for both nodes; it runs ccm-agent twice by default (`--fill-room both`):
 with its default fill_room (colder blocks fill the standby's unused buffers) and the hot set only.
+`typical` (chosen only by name: scale 60, about 900 MB, shared_buffers 512MB in 2 GB of memory
+per node) is the usual deployment, where the kernel's page cache holds most of the working set:
+each node runs in a memory group of its own (its processes and its page cache), and a third
+ccm-agent run also mirrors the primary's page cache (extension 0.9.0) and keeps the standby's page
+cache at the kill instead of dropping it; the shared_buffers runs pass `--os-cache false`.
 """
 
 from __future__ import annotations
@@ -136,6 +141,10 @@ class Scenario:
     shared_buffers: str
     workload: list[str]  # pgbench arguments choosing the scripts
     description: str
+    # memory.limit_in_bytes of each node's group with separate budgets, so that each node's
+    # page cache is its own (the `typical` scenario); None: no memory group.
+    node_memory: str | None = None
+    extra_settings: dict[str, str] = field(default_factory=dict)
 
     def settings(self, args: argparse.Namespace) -> dict[str, str]:
         return {
@@ -153,6 +162,7 @@ class Scenario:
             # full-page images would land in one run's measurement and not in another's.
             # With separate budgets the primary may work until --settle-timeout before its window.
             "checkpoint_timeout": f"'{min(1440, 30 + (args.warm_seconds + args.after_seconds + self.settling(args)) // 60)}min'",
+            **self.extra_settings,
             **dict(args.set),
         }
 
@@ -162,8 +172,11 @@ class Scenario:
 
 
 AURORA_MIX = ["-b", "tpcb-like@1", "-b", "select-only@20"]
-SCENARIO_NAMES = {"uniform": ["uniform"], "skewed": ["skewed"], "all": ["uniform", "skewed"], "large": ["large"]}
+SCENARIO_NAMES = {"uniform": ["uniform"], "skewed": ["skewed"], "all": ["uniform", "skewed"], "large": ["large"],
+                  "typical": ["typical"]}
 FILL_ROOM_DEFAULT = {"large": "both"}  # --fill-room when not given; "on" for the others
+# Scenarios run with separate budgets unless told otherwise.
+BUDGETED = ("large", "typical")
 
 
 def skewed_scripts(workdir: Path, scale: int, skew: float) -> tuple[Path, Path]:
@@ -211,6 +224,17 @@ def scenarios(args: argparse.Namespace, workdir: Path) -> list[Scenario]:
                 f"{args.skewed_shared_buffers}, aid = random_exponential(..., {args.skew}) in both scripts: "
                 "the hot set is a subset of the data",
             ))
+        elif name == "typical":
+            chosen.append(Scenario(
+                "typical", args.typical_scale, args.typical_shared_buffers, AURORA_MIX,
+                f"pgbench scale {args.typical_scale} (about {15 * args.typical_scale} MB), shared_buffers "
+                f"{args.typical_shared_buffers} in {args.typical_node_memory} of memory per node (its memory "
+                "group holds its processes and its page cache): the data fits the node's memory, not its "
+                "shared_buffers, uniform access",
+                node_memory=f"{int(megabytes(args.typical_node_memory))}M",  # memory.limit_in_bytes' syntax
+                # The page-cache tier reads only while more than this is free in the node's group.
+                extra_settings={"ccm.os_cache_min_free": "'128MB'"},
+            ))
         else:
             chosen.append(Scenario(
                 "large", args.large_scale, args.large_shared_buffers, AURORA_MIX,
@@ -242,10 +266,16 @@ class Arm:
         return None if self.agent_args is None else "--fill-room" not in self.agent_args
 
 
-CCM = Arm("with ccm-agent", "ccm", ())
-CCM_HOT_SET_ONLY = Arm("with ccm-agent (hot set only)", "ccm-hot-set-only", ("--fill-room", "false"))
+# The shared_buffers arms leave the page-cache tier off: their standby's page cache is dropped
+# before the kill anyway, and its reads would only compete with the hot set's.
+CCM = Arm("with ccm-agent", "ccm", ("--os-cache", "false"))
+CCM_HOT_SET_ONLY = Arm("with ccm-agent (hot set only)", "ccm-hot-set-only", ("--fill-room", "false", "--os-cache", "false"))
+# Both caches: the standby's page cache is its own (a memory group per node, the scenario's
+# node_memory), made cold at the start and kept at the kill, with whatever replay, the hot set's
+# reads and the page-cache tier put in it.
+CCM_PAGE_CACHE = Arm("with ccm-agent (both caches)", "ccm-page-cache", (), drop_standby_page_cache=False)
 NO_CCM = Arm("without CCM", "none", None)
-ARMS = {arm.slug: arm for arm in (CCM, CCM_HOT_SET_ONLY, NO_CCM)}
+ARMS = {arm.slug: arm for arm in (CCM, CCM_HOT_SET_ONLY, CCM_PAGE_CACHE, NO_CCM)}
 
 
 @dataclass(frozen=True)
@@ -273,6 +303,8 @@ def fill_room_choice(args: argparse.Namespace, scenario: str) -> str:
 def modes(args: argparse.Namespace, scenario: str) -> list[Arm]:
     """The runs of a scenario, in order: the CCM runs --fill-room asks for, then the one without."""
     ccm = {"on": [CCM], "off": [CCM_HOT_SET_ONLY], "both": [CCM, CCM_HOT_SET_ONLY]}[fill_room_choice(args, scenario)]
+    if scenario == "typical":
+        ccm = [*ccm, CCM_PAGE_CACHE]
     return {"ccm": ccm, "none": [NO_CCM], "both": [*ccm, NO_CCM]}[args.only]
 
 
@@ -559,6 +591,12 @@ class RunResult:
     coverage_at_failover: float = 0.0
     hot_buffers_at_failover: int = 0
     cached_coverage_at_failover: float = 0.0  # the same for every buffer the primary caches
+    # With a memory group per node: the page cache charged to each node's group at the kill
+    # (after the standby's was dropped, in the arms that drop it), and the agent's page-cache
+    # tier's own figure of the standby's share of the primary's (extension 0.9.0).
+    primary_page_cache_mb_at_failover: float | None = None
+    standby_page_cache_mb_at_failover: float | None = None
+    agent_os_cache_coverage: float | None = None
     cached_buffers_at_failover: int = 0
     agent_blocks_loaded: int | None = None
     agent_fill_blocks_loaded: int | None = None  # of those, colder blocks filling unused buffers
@@ -828,13 +866,13 @@ class RunBudgets:
     its client have the same share before and after the failover; the agent runs on the
     standby's CPUs, as a sidecar on the standby's host would."""
 
-    def __init__(self, args: argparse.Namespace, storage: Storage, arm: Arm, base: Path):
+    def __init__(self, args: argparse.Namespace, storage: Storage, arm: Arm, base: Path, node_memory: str | None = None):
         device = data_device(base)
         if device is None:
             raise RuntimeError(f"{base} is not on a block device: separate budgets need one to throttle and count reads")
         primary_cpus, standby_cpus = args.node_cpus
         node = lambda cpus: Budget(cpus=cpus, read_iops=storage.read_iops, read_mbps=storage.read_mbps,  # noqa: E731
-                                   memory=arm.node_memory)
+                                   memory=arm.node_memory or node_memory)
         self.groups: list[NodeCgroups] = []
         self.primary = self._add("pg_ccm-primary", node(primary_cpus), device)
         self.standby = self._add("pg_ccm-standby", node(standby_cpus), device)
@@ -864,11 +902,12 @@ class RunBudgets:
             group.remove()
 
 
-def prewarm_primary(primary: Node) -> float:
+def prewarm_primary(primary: Node, page_cache: bool = False) -> float:
     """pg_prewarm of the pgbench relations, smallest first, as long as they fit in 90% of
     shared_buffers: the old primary starts near its steady state instead of warming from
-    storage for minutes (a primary that has run for days caches its working set). Returns
-    the seconds it took."""
+    storage for minutes (a primary that has run for days caches its working set). With
+    `page_cache`, the relations that did not fit are read into its page cache (pg_prewarm's
+    'read' mode). Returns the seconds it took."""
     started = time.monotonic()
     primary.sql("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
     room = primary.one("SELECT setting::int8 * 9 / 10 FROM pg_settings WHERE name = 'shared_buffers'")
@@ -877,6 +916,9 @@ def prewarm_primary(primary: Node) -> float:
                             "ORDER BY pg_relation_size(c.oid)")
     for relation, blocks in relations:
         if blocks > room:
+            if page_cache:
+                primary.sql("SELECT pg_prewarm(%s::regclass, 'read')", [relation])
+                continue
             break
         primary.sql("SELECT pg_prewarm(%s::regclass)", [relation])
         room -= blocks
@@ -949,7 +991,7 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
     samplers: list[Sampler] = []
     try:
         if storage is not None:
-            budgets = RunBudgets(args, storage, arm, cluster.base)
+            budgets = RunBudgets(args, storage, arm, cluster.base, scenario.node_memory)
             cluster.primary.wrapper, cluster.standby.wrapper = budgets.primary.wrapper, budgets.standby.wrapper
             result.cpu_split = budgets.split
             say(f"{tag} separate budgets: {budgets.split}; {storage.description}")
@@ -965,7 +1007,7 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
             # its reads until it settles are real reads of its own (throttled) disk.
             primary.drop_os_cache()
             if args.prewarm_primary:
-                result.prewarm_primary_s = round(prewarm_primary(primary), 1)
+                result.prewarm_primary_s = round(prewarm_primary(primary, page_cache=scenario.node_memory is not None), 1)
                 say(f"{tag} primary prewarmed (pg_prewarm of the pgbench relations that fit) in {result.prewarm_primary_s:.0f} s")
         if arm.agent_args is not None:
             launcher = [*DIE_WITH_US, *(budgets.agent.wrapper if budgets else [])]
@@ -1035,6 +1077,17 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
         if arm.drop_standby_page_cache:
             say(f"{tag} separate hosts: dropping the standby's files from the OS page cache (sync + vmtouch -e)")
             standby.drop_os_cache()
+        if agent is not None:
+            result.agent_os_cache_coverage = agent.metric("ccm_agent_os_cache_coverage_ratio", -1.0)
+            if result.agent_os_cache_coverage < 0:
+                result.agent_os_cache_coverage = None
+        if budgets is not None and budgets.standby.memory is not None and budgets.primary.memory is not None:
+            result.primary_page_cache_mb_at_failover = round(budgets.primary.memory.page_cache_mb())
+            result.standby_page_cache_mb_at_failover = round(budgets.standby.memory.page_cache_mb())
+            say(f"{tag} page cache at the kill: primary {result.primary_page_cache_mb_at_failover} MB, standby "
+                f"{result.standby_page_cache_mb_at_failover} MB (charged to each node's memory group)"
+                + (f"; the agent's page-cache tier saw the standby hold {result.agent_os_cache_coverage:.1%} of the primary's"
+                   if result.agent_os_cache_coverage is not None else ""))
         # Read before the kill, so that the workload starts right after the promotion: the kill
         # and the promotion add nothing (recovery's reads are counted in neither figure).
         blocks_at_promotion, io_reads_at_promotion = storage_reads(standby, io)
@@ -1330,6 +1383,12 @@ def table_rows(runs: list[RunResult], args: argparse.Namespace) -> list[tuple[st
         ("  share of all the buffers the primary caches (any usage count)", [f"{r.cached_coverage_at_failover:.1%}" for r in runs]),
         ("  buffers the primary caches at failover", [f"{r.cached_buffers_at_failover}" for r in runs]),
     ]
+    if any(r.standby_page_cache_mb_at_failover is not None for r in runs):
+        rows += [
+            ("page cache at the kill, MB (primary / standby, each node's memory group)",
+             [f"{fmt_count(r.primary_page_cache_mb_at_failover)} / {fmt_count(r.standby_page_cache_mb_at_failover)}"
+              for r in runs]),
+        ]
     if agent:
         rows += [
             (f"ccm-agent: its start to >= {TARGET_COVERAGE:.0%} of the hot set, kept while the load ran",
@@ -1686,7 +1745,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "newest installed one that has pg_ccm)")
     parser.add_argument("--scenario", choices=list(SCENARIO_NAMES), default="uniform",
                         help="which data set and access pattern (all: uniform and skewed, about twice as long; "
-                             "large: only by name)")
+                             "large and typical: only by name)")
     parser.add_argument("--only", choices=["ccm", "none", "both"], default="both",
                         help="run with ccm-agent (as many runs as --fill-room asks for), without CCM, or both")
     parser.add_argument("--fill-room", choices=["on", "off", "both"],
@@ -1700,6 +1759,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="shared_buffers of both nodes, skewed scenario")
     parser.add_argument("--large-scale", type=int, default=300, help="pgbench scale of the large scenario")
     parser.add_argument("--large-shared-buffers", type=memory, default="5GB", help="shared_buffers of both nodes, large scenario")
+    parser.add_argument("--typical-scale", type=int, default=60, help="pgbench scale of the typical scenario")
+    parser.add_argument("--typical-shared-buffers", type=memory, default="512MB",
+                        help="shared_buffers of both nodes, typical scenario")
+    parser.add_argument("--typical-node-memory", type=memory, default="2GB",
+                        help="memory of each node (its memory group: processes and page cache), typical scenario")
     parser.add_argument("--skew", type=float, default=15.0,
                         help="parameter of random_exponential for aid in the skewed scenario (higher: hotter head)")
     parser.add_argument("--clients", type=int, default=4, help="pgbench clients")
@@ -1762,7 +1826,7 @@ def resolve_budget_arguments(parser: argparse.ArgumentParser, args: argparse.Nam
     Sets args.separate_budgets (bool), args.storages (list of Storage, empty without budgets)
     and args.node_cpus (primary, standby)."""
     if args.separate_budgets is None:
-        args.separate_budgets = "on" if getattr(args, "scenario", "large") == "large" else "off"
+        args.separate_budgets = "on" if getattr(args, "scenario", "large") in BUDGETED else "off"
     args.separate_budgets = args.separate_budgets == "on"
     if args.storage and not args.separate_budgets:
         parser.error("--storage needs separate budgets (--separate-budgets on)")
