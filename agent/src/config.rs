@@ -133,7 +133,7 @@ config_keys! {
     os_cache: bool [env = "CCM_OS_CACHE", value_name = "BOOL"] = true,
     /// After a pass over the primary's page cache that found nothing to read on any
     /// candidate, the next pass waits this long.
-    os_cache_pause: String [env = "CCM_OS_CACHE_PAUSE", value_name = "DURATION"] = "60s",
+    os_cache_pause: String [env = "CCM_OS_CACHE_PAUSE", value_name = "DURATION"] = "2m",
     /// Blocks per ccm_prewarm call on the standby, 1 to 1048576.
     batch_blocks: u64 [env = "CCM_BATCH_BLOCKS", value_name = "N"] = 4096,
     /// Per-host connect timeout.
@@ -1159,7 +1159,7 @@ mod tests {
             fill_room: Some(false),
             change_feed: Some(false),
             os_cache: Some(false),
-            os_cache_pause: Some("2m".into()),
+            os_cache_pause: Some("5m".into()),
             max_replay_lag: Some("64MB".into()),
             batch_blocks: Some(100),
             connect_timeout: Some("3s".into()),
