@@ -597,6 +597,9 @@ class RunResult:
     primary_page_cache_mb_at_failover: float | None = None
     standby_page_cache_mb_at_failover: float | None = None
     agent_os_cache_coverage: float | None = None
+    # Each node's relation files (base/) in the page cache at the kill, as vmtouch counts them.
+    primary_files_cached_mb: float | None = None
+    standby_files_cached_mb: float | None = None
     cached_buffers_at_failover: int = 0
     agent_blocks_loaded: int | None = None
     agent_fill_blocks_loaded: int | None = None  # of those, colder blocks filling unused buffers
@@ -902,6 +905,13 @@ class RunBudgets:
             group.remove()
 
 
+def files_cached_mb(node: Node) -> float:
+    """MB of the node's relation files (base/) in the OS page cache, as vmtouch counts them."""
+    out = subprocess.run(["vmtouch", str(node.datadir / "base")], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"Resident Pages: (\d+)/", out)
+    return int(found[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20 if found else 0.0
+
+
 def prewarm_primary(primary: Node, page_cache: bool = False) -> float:
     """pg_prewarm of the pgbench relations, smallest first, as long as they fit in 90% of
     shared_buffers: the old primary starts near its steady state instead of warming from
@@ -926,14 +936,20 @@ def prewarm_primary(primary: Node, page_cache: bool = False) -> float:
 
 
 def settle(primary_reads: ReadSampler, warm: Workload, progress: Sampler | None, args: argparse.Namespace,
-           result: RunResult, tag: str, least: float) -> None:
+           result: RunResult, tag: str, least: float, device: bool = False) -> None:
     """Waits until the old primary is at its steady state: over the last --settle-window
-    seconds its storage reads (pg_stat_io's; blks_read on 15) were at most --settle-reads
-    per 1000 transactions, and so were the blocks the agent loaded into the standby (CCM
-    arms), and the workload has run `least` seconds. Records when; gives up at
-    --settle-timeout (the run goes on, and says so)."""
+    seconds its storage reads (pg_stat_io's; blks_read on 15; with `device`, the read requests
+    its disk served, from its blkio group, when its page cache is part of its cache and
+    PostgreSQL's counters count its hits as reads) were at most --settle-reads per 1000
+    transactions, and so were the blocks the agent loaded into the standby (CCM arms; not with
+    `device`: a working set larger than shared_buffers keeps the primary's buffers changing,
+    and the agent follows them at a steady rate that never falls to zero), and the workload
+    has run `least` seconds. Records when; gives up at --settle-timeout (the run
+    goes on, and says so)."""
     window, limit = args.settle_window, args.settle_reads
     column = ReadSampler.IO_READS if primary_reads.io else ReadSampler.BLKS_READ
+    if device:
+        column = ReadSampler.DEVICE_READS
 
     def per_1000(value: float | None) -> float | None:
         transactions = sum(warm.tps[-window:])
@@ -951,7 +967,8 @@ def settle(primary_reads: ReadSampler, warm: Workload, progress: Sampler | None,
         result.settle_agent_loads_per_1000 = per_1000(agent_loads()) if progress else None
         if len(warm.tps) < least or result.settle_reads_per_1000 is None:
             return False
-        if progress is not None and (result.settle_agent_loads_per_1000 is None or result.settle_agent_loads_per_1000 > limit):
+        agent_counts = progress is not None and not device
+        if agent_counts and (result.settle_agent_loads_per_1000 is None or result.settle_agent_loads_per_1000 > limit):
             return False
         return result.settle_reads_per_1000 <= limit
 
@@ -1026,7 +1043,7 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
             workloads.append(settling := Workload(primary, scenario, clients, args.settle_timeout + args.warm_seconds,
                                                   "primary (settling)", launcher=client_on("primary")))
             settle(sampler, settling, progress if agent is not None else None, args, result, tag,
-                   least=max(args.warm_seconds, warm_at_least))
+                   least=max(args.warm_seconds, warm_at_least), device=scenario.node_memory is not None)
             result.warm_before_window_s = round(time.monotonic() - settling.started, 1)
             settling.stop()
             say(f"{tag} measured window: the same workload for {args.pre_seconds} s")
@@ -1081,6 +1098,11 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
             result.agent_os_cache_coverage = agent.metric("ccm_agent_os_cache_coverage_ratio", -1.0)
             if result.agent_os_cache_coverage < 0:
                 result.agent_os_cache_coverage = None
+        if scenario.node_memory is not None:
+            result.primary_files_cached_mb = files_cached_mb(primary)
+            result.standby_files_cached_mb = files_cached_mb(standby)
+            say(f"{tag} relation files in the page cache at the kill (vmtouch base/): primary "
+                f"{result.primary_files_cached_mb:.0f} MB, standby {result.standby_files_cached_mb:.0f} MB")
         if budgets is not None and budgets.standby.memory is not None and budgets.primary.memory is not None:
             result.primary_page_cache_mb_at_failover = round(budgets.primary.memory.page_cache_mb())
             result.standby_page_cache_mb_at_failover = round(budgets.standby.memory.page_cache_mb())
@@ -1388,6 +1410,8 @@ def table_rows(runs: list[RunResult], args: argparse.Namespace) -> list[tuple[st
             ("page cache at the kill, MB (primary / standby, each node's memory group)",
              [f"{fmt_count(r.primary_page_cache_mb_at_failover)} / {fmt_count(r.standby_page_cache_mb_at_failover)}"
               for r in runs]),
+            ("  of it relation files (base/, vmtouch), MB (primary / standby)",
+             [f"{fmt_count(r.primary_files_cached_mb)} / {fmt_count(r.standby_files_cached_mb)}" for r in runs]),
         ]
     if agent:
         rows += [
@@ -1647,7 +1671,8 @@ def chart(results: list[RunResult], path: Path, args: argparse.Namespace) -> Non
 
     names = list(dict.fromkeys(group_key(r) for r in results))
     figure, axes = plt.subplots(3, len(names), figsize=(8 * len(names), 12.5), squeeze=False, sharex="col")
-    colors = {CCM.name: "tab:green", CCM_HOT_SET_ONLY.name: "tab:blue", NO_CCM.name: "tab:red"}
+    colors = {CCM.name: "tab:green", CCM_HOT_SET_ONLY.name: "tab:blue", CCM_PAGE_CACHE.name: "tab:orange",
+              NO_CCM.name: "tab:red"}
     left = -min(30, max(r.pre_window_s for r in results) if results[0].storage != "shared" else args.warm_seconds)
     for column, scenario in enumerate(names):
         tps_axis, latency_axis, reads_axis = (axes[row][column] for row in range(3))
@@ -1702,8 +1727,10 @@ def chart(results: list[RunResult], path: Path, args: argparse.Namespace) -> Non
         reads_axis.set_ylabel("blocks per second")
         reads_axis.set_xlabel("seconds from promotion")
     budgets = f"; separate budgets: {results[0].cpu_split}" if results[0].cpu_split else ""
+    which = ("every run but the one with both caches, whose nodes' page caches are their memory groups'"
+             if any(r.mode == CCM_PAGE_CACHE.name for r in results) else "every run")
     subtitle = textwrap.fill(f"(separate hosts emulated: the standby's files are dropped from the OS page cache before the "
-                             f"failover, in every run{budgets})", width=int(14 * figure.get_figwidth()))
+                             f"failover, in {which}{budgets})", width=int(14 * figure.get_figwidth()))
     figure.suptitle(f"pg_ccm failover demo on {results[0].postgresql}, with and without ccm-agent\n{subtitle}", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -1937,7 +1964,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = "; ".join(f"{s.name}: {', '.join(m.name for m in modes(args, s.name))}" for s in chosen)
     say(f"pg_ccm failover demo on {pg_version_text()} ({pg_bin()}), runs of {runs}; about {estimate / 60:.0f} minutes")
     say("separate hosts are emulated by dropping the standby's files from the OS page cache just before "
-        "the failover, in every run")
+        "the failover, in every run but the one that mirrors the page cache (each node's memory group holds its own)")
     results: list[RunResult] = []
     try:
         for scenario in chosen:
