@@ -499,3 +499,28 @@ async fn the_page_cache_follows_the_hot_set_and_a_slow_standby_holds_up_no_other
     }
     assert!(!fake::lock(&c.standbys[1]).os_cached.contains(&30_099));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_without_the_page_cache_tier_holds_up_no_other() {
+    let mut c = cluster(41070, 2);
+    fake::lock(&c.standbys[1]).no_os_cache = true;
+    fake::lock(&c.primary).os_cached = (0..3000).collect();
+    c.warm(&[0, 1]).await;
+    for first in [10_000, 20_000] {
+        fake::lock(&c.primary).os_cached.extend(first..first + 100);
+        let started = Instant::now();
+        while !fake::lock(&c.standbys[0]).os_cached.contains(&(first + 99)) {
+            assert!(
+                started.elapsed() < Duration::from_millis(2500),
+                "the page cache of the standby with 0.9.0 waited for the one without"
+            );
+            c.cycle().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(fake::lock(&c.standbys[1]).os_cached.is_empty());
+    assert!(
+        c.holds_hot_set(1),
+        "its shared_buffers are warmed as before"
+    );
+}

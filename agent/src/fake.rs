@@ -55,6 +55,8 @@ pub struct Server {
     pub batch_delay: Duration,
     /// Each batch of the page-cache tier takes this long.
     pub os_delay: Duration,
+    /// Its extension has no page-cache tier (before 0.9.0).
+    pub no_os_cache: bool,
     /// Raised to close every session the server has (a restart of its network, say).
     pub generation: u32,
     pub connections: u32,
@@ -293,7 +295,7 @@ impl NodeApi for FakeNode {
     }
 
     fn has_os_cache(&self) -> bool {
-        true
+        !lock(&self.server).no_os_cache
     }
 
     async fn wal_source(&mut self) -> Result<WalSource, NodeError> {
@@ -515,6 +517,7 @@ impl NodeApi for FakeNode {
         let mut done = PrefetchResult {
             requested: list.len() as u64,
             in_play: true,
+            replay_lag: Some(0),
             ..Default::default()
         };
         for block in list.iter() {

@@ -659,8 +659,11 @@ const SQL_OS_CACHED: &str = "SELECT list, last_spc, last_db, last_rel, last_bloc
      in_play, pg_is_in_recovery() FROM ccm_os_cached_blocks($1::oid, $2::oid, $3::oid, $4::int8, \
      $5::int8, $6::int4)";
 /// A batch of it read into a standby's page cache ($2 false: only measured).
+/// With the replay lag after the call, as SQL_PREWARM.
 const SQL_OS_PREFETCH: &str = "SELECT pg_is_in_recovery(), requested, already_cached, advised, \
-     skipped, limited, in_play FROM ccm_os_prefetch($1::bytea, $2::bool)";
+     skipped, limited, in_play, \
+     pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::int8 \
+     FROM ccm_os_prefetch($1::bytea, $2::bool)";
 const SQL_STATUS: &str = "SELECT buffers_sent_last_minute, buffers_found_last_minute, \
      buffers_sent_last_scan, buffers_found_last_scan, buffers_sent_current_scan, \
      buffers_found_current_scan, current_scan_progress FROM aurora_ccm_status()";
@@ -1369,6 +1372,7 @@ impl Node {
                 skipped: count(4)?,
                 limited: col.get::<Option<bool>>(5)?.unwrap_or(false),
                 in_play: col.get::<Option<bool>>(6)?.unwrap_or(true),
+                replay_lag: col.get::<Option<i64>>(7)?.map(|lag| lag.max(0) as u64),
             },
         ))
     }

@@ -5,7 +5,7 @@
 //!
 //! A *pass* walks the primary's relation files from start to end in slices
 //! (`ccm_os_cached_blocks`, at most `SLICE_BLOCKS` resident blocks or `SLICE_FILES` segment
-//! files each). Each slice is split into batches of `BATCH_BLOCKS` in file order and queued
+//! files each), read before the standbys' warm tasks start. Each slice is split into batches of `BATCH_BLOCKS` in file order and queued
 //! for every candidate that is up; each candidate's task reads its queue with
 //! `ccm_os_prefetch`, after its share of the shared_buffers hot set and only while the cycle
 //! has time left, so the page cache never delays the hot set. The next slice is read once
@@ -28,8 +28,9 @@ use std::time::{Duration, Instant};
 
 /// Resident blocks per slice of the primary's page cache: 1 GB.
 pub const SLICE_BLOCKS: i64 = 131_072;
-/// Segment files examined per slice at most, so that a slice of a cold cache is short too.
-pub const SLICE_FILES: i32 = 2048;
+/// Segment files examined per slice at most (64 GB of 1 GB segments), so that a slice of a
+/// cold cache is short too: mincore visits every page of a file, cached or not.
+pub const SLICE_FILES: i32 = 64;
 /// Blocks per ccm_os_prefetch call: 128 MB, about a second of a cloud volume's 125 MB/s.
 pub const BATCH_BLOCKS: usize = 16_384;
 /// Slices queued for a candidate at most; beyond that it has fallen behind and its pass is
@@ -75,6 +76,8 @@ pub struct PrefetchResult {
     /// Its memory headroom stopped the reading.
     pub limited: bool,
     pub in_play: bool,
+    /// The standby's replay lag in bytes right after the call; None when it does not stream.
+    pub replay_lag: Option<u64>,
 }
 
 /// A batch of a slice, queued for one candidate.
@@ -495,6 +498,7 @@ mod tests {
                 skipped: 5,
                 limited: true,
                 in_play: true,
+                replay_lag: None,
             },
         );
         assert!(tier.coverage(A).unwrap().limited);

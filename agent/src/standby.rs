@@ -163,6 +163,8 @@ pub struct Standby<N: NodeApi = Node> {
     pub fill_idle_until: Option<Instant>,
     /// Its warming waits for replay (max_replay_lag): logged once, when it starts.
     replay_behind: bool,
+    /// A ccm_os_prefetch call failed, and that was logged (once per episode).
+    os_failing: bool,
     /// Blocks its change feed holds as cached (feed mode), for fill_room's room.
     pub feed_tracked: Option<u64>,
     /// WAL senders of it that are no node the agent knows (walsender.rs).
@@ -185,6 +187,7 @@ impl<N: NodeApi> Standby<N> {
             verified: false,
             fill_idle_until: None,
             replay_behind: false,
+            os_failing: false,
             feed_tracked: None,
             unknown_senders: walsender::Unknowns::default(),
             feed_cursor: None,
@@ -740,22 +743,23 @@ impl<N: NodeApi> Standby<N> {
 
     /// The page-cache tier, once it read its whole share of the hot set: the batches of the
     /// primary's page cache queued for it (oscache.rs), read into its page cache with
-    /// ccm_os_prefetch until the end of the interval, one batch at least. Not while replay is
-    /// behind (max_replay_lag), nor on a standby without extension 0.9.0.
+    /// ccm_os_prefetch until the end of the interval, one batch at least, and after each batch
+    /// the replay-lag check of the hot set's (max_replay_lag: a batch per cycle while replay
+    /// is behind). A standby that cannot read its queue now (no extension 0.9.0, waiting out
+    /// a backoff, its hot share cut short, a failed call) gives up its pass, so that the next
+    /// slice never waits for it.
     pub async fn warm_os(
         &mut self,
         shared: &Shared,
-        report: &CycleReport,
+        report: &mut CycleReport,
     ) -> Result<(), CycleError> {
         let Some(tier) = shared.os.as_ref() else {
             return Ok(());
         };
         let name = self.name.clone();
         let usable = self.node.as_ref().is_some_and(|n| n.has_os_cache());
-        if !usable || self.retry_at.is_some() || self.replay_behind {
-            return Ok(());
-        }
-        if report.loaded_whole_share(&name).is_none() {
+        if !usable || self.retry_at.is_some() || report.loaded_whole_share(&name).is_none() {
+            os_tier(tier).drop_queue(&name);
             return Ok(());
         }
         let mut first = true;
@@ -772,12 +776,13 @@ impl<N: NodeApi> Standby<N> {
             let done = if batch.list.is_empty() {
                 PrefetchResult::default()
             } else {
-                let result = self.node().os_prefetch(&batch.list, true).await;
-                let (in_recovery, done) = self.call(&shared.metrics, Stage::Prewarm, result)?;
-                if !in_recovery {
-                    return Err(self.promoted(&shared.metrics));
+                match self.os_batch(shared, &batch.list, report).await? {
+                    Some(done) => done,
+                    None => {
+                        os_tier(tier).drop_queue(&name);
+                        return Ok(());
+                    }
                 }
-                done
             };
             shared.metrics.os_cache_read(&name, done.advised);
             let coverage = {
@@ -787,12 +792,61 @@ impl<N: NodeApi> Standby<N> {
             };
             if let Some(coverage) = coverage {
                 shared.metrics.os_cache_coverage(&name, &coverage);
-                debug!(standby = %name, held = coverage.held_blocks,
-                    primary = coverage.primary_blocks, limited = coverage.limited,
-                    "a pass over the primary's page cache ended for this standby");
+            }
+            if self.replay_check(shared, done.replay_lag, report) == Flow::EndCycle {
+                break;
             }
         }
         Ok(())
+    }
+
+    /// One ccm_os_prefetch call. None when its page-cache pass ends here without a fault of
+    /// the standby: a recovery conflict, or a failed call that left its session open (logged
+    /// once per episode; the hot set goes on as before).
+    async fn os_batch(
+        &mut self,
+        shared: &Shared,
+        list: &[u8],
+        report: &mut CycleReport,
+    ) -> Result<Option<PrefetchResult>, CycleError> {
+        let metrics = &shared.metrics;
+        let error = match self.node().os_prefetch(list, true).await {
+            Ok((true, done)) => {
+                self.heard_now();
+                metrics.progress();
+                if std::mem::take(&mut self.os_failing) {
+                    info!(standby = %self.name, "reading into the page cache of the standby {} works again", self.name);
+                }
+                return Ok(Some(done));
+            }
+            Ok((false, _)) => return Err(self.promoted(metrics)),
+            Err(error) => error,
+        };
+        match error.class() {
+            ErrorClass::NotInRecovery => Err(self.promoted(metrics)),
+            ErrorClass::RecoveryConflict => {
+                self.recovery_conflict(metrics, &error, report);
+                Ok(None)
+            }
+            _ if self.broken(&error)
+                || matches!(error, NodeError::Cancelled | NodeError::Disabled { .. }) =>
+            {
+                self.call(metrics, Stage::Prewarm, Err(error))
+            }
+            _ => {
+                let name = self.name.clone();
+                if std::mem::replace(&mut self.os_failing, true) {
+                    debug!(standby = %name, "ccm_os_prefetch failed: {error}");
+                } else {
+                    warn!(
+                        standby = %name,
+                        "reading into the page cache of the standby {name} failed: {error}; its \
+                         page-cache pass ends here, and warming its shared_buffers goes on"
+                    );
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// Its unused buffers as far as the agent knows: its shared_buffers less the blocks its
@@ -1031,7 +1085,7 @@ pub async fn warm_task<N: NodeApi>(
         None => standby.warm_feed(&shared, &mut report).await,
     };
     if result.is_ok() {
-        result = standby.warm_os(&shared, &report).await;
+        result = standby.warm_os(&shared, &mut report).await;
     }
     Done {
         standby,

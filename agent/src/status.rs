@@ -726,7 +726,7 @@ async fn collect_numbers(
 }
 
 /// The most slices of the primary's page cache a look reads (1 GB of cached blocks or
-/// 2048 files each): a bound, not a figure any real node reaches.
+/// 64 files each): a bound, not a figure any real node reaches.
 const OS_MAX_SLICES: usize = 65_536;
 
 /// The primary's page cache of relation files (a walk of all its files, in slices), and what
@@ -747,7 +747,10 @@ async fn collect_os_numbers(
         {
             Ok((_, answer)) => {
                 if !answer.in_play {
-                    return false;
+                    // Direct I/O: no page cache to hold, every standby holds all of it.
+                    lists.clear();
+                    blocks = 0;
+                    break;
                 }
                 blocks += answer.blocks;
                 if answer.blocks > 0 {

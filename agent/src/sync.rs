@@ -1127,9 +1127,17 @@ impl<N: NodeApi> Syncer<N> {
         if !self.os_wanted() {
             return Ok(());
         }
+        // Only those that can read it: a standby without extension 0.9.0 would hold its queue.
         let up: Vec<String> = ready
             .iter()
-            .map(|(i, _)| self.standbys[*i].name.clone())
+            .map(|(i, _)| &self.standbys[*i])
+            .filter(|slot| {
+                slot.standby
+                    .as_ref()
+                    .and_then(|s| s.node.as_ref())
+                    .is_some_and(|n| n.has_os_cache())
+            })
+            .map(|slot| slot.name.clone())
             .collect();
         let up: Vec<&str> = up.iter().map(String::as_str).collect();
         let after = {
@@ -1173,9 +1181,16 @@ impl<N: NodeApi> Syncer<N> {
         }
         let batches = match answer.blocks {
             0 => Vec::new(),
-            _ => BlockList::decode(&answer.list)
-                .map_err(|e| CycleError::Decode(format!("the primary's page cache: {e}")))?
-                .split_in_file_order(oscache::BATCH_BLOCKS),
+            _ => {
+                match BlockList::decode_bounded(&answer.list, oscache::SLICE_BLOCKS as u64) {
+                    Ok(list) => list.split_in_file_order(oscache::BATCH_BLOCKS),
+                    Err(error) => {
+                        warn!("the primary's page cache (ccm_os_cached_blocks) sent a list the agent \
+                           refuses: {error}; the shared_buffers tier goes on");
+                        return Ok(());
+                    }
+                }
+            }
         };
         let mut tier = os_tier(&self.os);
         if tier.in_play() && !answer.in_play {
