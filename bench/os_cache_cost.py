@@ -3,7 +3,7 @@ primary's page cache: the pass the agent repeats after every pause (os_cache_pau
 
 A table of SIZE_MB is written and read on the primary (its file in the page cache), the standby
 is made to hold it (one ccm_os_prefetch pass); then a steady pass is timed, as the agent makes
-it: the primary's walk in slices (ccm_os_cached_blocks, 1 GB of cached blocks or 64 files
+it: the primary's walk in slices (ccm_os_cached_blocks, 1 GB of cached blocks or 2048 files
 each) and the standby's count of the same lists (ccm_os_prefetch, which finds everything
 cached and reads nothing). Measured: each backend's CPU time (/proc/<pid>/schedstat) and the
 bytes of the lists (what crosses the wire twice: primary to agent, agent to standby), per GB
@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from harness.cluster import Cluster, make_table, read, use_pg_version  # noqa: E402
 
-SLICE = "SELECT list, last_spc, last_db, last_rel, last_block, complete FROM ccm_os_cached_blocks(%s, %s, %s, %s, 131072, 64)"
+SLICE = "SELECT list, last_spc, last_db, last_rel, last_block, complete FROM ccm_os_cached_blocks(%s, %s, %s, %s, 131072, 2048)"
 PAUSE_S = 120  # os_cache_pause, the default
 
 

@@ -28,9 +28,11 @@ use std::time::{Duration, Instant};
 
 /// Resident blocks per slice of the primary's page cache: 1 GB.
 pub const SLICE_BLOCKS: i64 = 131_072;
-/// Segment files examined per slice at most (64 GB of 1 GB segments), so that a slice of a
-/// cold cache is short too: mincore visits every page of a file, cached or not.
-pub const SLICE_FILES: i32 = 64;
+/// Segment files examined per slice at most. The extension also ends a slice after 8 GB of
+/// files (mincore visits every page, cached or not), so a slice of cold files stays short,
+/// while one of many small files takes them all: each call lists the database directories it
+/// walks again, and a database of many relations would otherwise take a call per few files.
+pub const SLICE_FILES: i32 = 2048;
 /// Blocks per ccm_os_prefetch call: 128 MB, about a second of a cloud volume's 125 MB/s.
 pub const BATCH_BLOCKS: usize = 16_384;
 /// Slices queued for a candidate at most; beyond that it has fallen behind and its pass is

@@ -726,7 +726,7 @@ async fn collect_numbers(
 }
 
 /// The most slices of the primary's page cache a look reads (1 GB of cached blocks or
-/// 64 files each): a bound, not a figure any real node reaches.
+/// 2048 files or 8 GB of files each): a bound, not a figure any real node reaches.
 const OS_MAX_SLICES: usize = 65_536;
 
 /// The primary's page cache of relation files (a walk of all its files, in slices), and what

@@ -53,6 +53,11 @@ const GLOBAL_TABLESPACE: u32 = 1664;
 const MAX_BLOCKS: u64 = 1 << 20;
 /// Most segment files one ccm_os_cached_blocks() call examines.
 const MAX_FILES: i32 = 100_000;
+/// Most blocks of files one ccm_os_cached_blocks() call goes through (8 GB), whatever
+/// max_files says: mincore visits every page, cached or not (about 9 ms per GB of a file
+/// nothing of which is cached, 14 ms when all is), so a call over cold files stays short while
+/// one over many small files still takes them all.
+const MAX_EXAMINED_BLOCKS: u64 = 1 << 20;
 /// Blocks mapped and probed at once (128 MB with 8 kB blocks): the residency vector then
 /// needs 32 kB with 4 kB pages, reserved once per call.
 const PROBE_BLOCKS: u64 = 16384;
@@ -343,7 +348,7 @@ impl Walk {
             let listed = self.probe_range(rel, &file, first, next, count);
             self.examined += listed;
             self.last = Cursor { block: (first + next + listed) as i64 - 1, ..here };
-            if self.encoder.len() >= self.max_blocks {
+            if self.encoder.len() >= self.max_blocks || self.examined >= MAX_EXAMINED_BLOCKS {
                 return false;
             }
             next += count;
@@ -375,7 +380,7 @@ fn check_bound(name: &str, value: i64, max: i64) {
     if !(1..=max).contains(&value) {
         errors::invalid_argument(
             format!("{name} must be between 1 and {max}: {value}"),
-            Some(format!("One call of ccm_os_cached_blocks() lists at most {MAX_BLOCKS} blocks and examines at most {MAX_FILES} segment files; call it again from the cursor it returns.")),
+            Some(format!("One call of ccm_os_cached_blocks() lists at most {MAX_BLOCKS} blocks and examines at most {MAX_FILES} segment files ({MAX_EXAMINED_BLOCKS} blocks of them); call it again from the cursor it returns.")),
         );
     }
 }
