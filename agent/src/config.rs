@@ -134,6 +134,12 @@ config_keys! {
     /// After a pass over the primary's page cache that found nothing to read on any
     /// candidate, the next pass waits this long.
     os_cache_pause: String [env = "CCM_OS_CACHE_PAUSE", value_name = "DURATION"] = "2m",
+    /// A standby's own readers come first: while at least this many client sessions other
+    /// than the agent's run queries on it (pg_stat_activity, looked at before each batch;
+    /// the agent's role needs pg_read_all_stats, as pg_monitor has, to see other roles'
+    /// sessions), nothing is read into its page cache (what it holds is still measured).
+    /// 0: never waits.
+    os_cache_busy_sessions: u32 [env = "CCM_OS_CACHE_BUSY_SESSIONS", value_name = "N"] = 1,
     /// Blocks per ccm_prewarm call on the standby, 1 to 1048576.
     batch_blocks: u64 [env = "CCM_BATCH_BLOCKS", value_name = "N"] = 4096,
     /// Per-host connect timeout.
@@ -263,6 +269,7 @@ pub struct Config {
     pub change_feed: bool,
     pub os_cache: bool,
     pub os_cache_pause: Duration,
+    pub os_cache_busy_sessions: u32,
     /// In bytes; None: off.
     pub max_replay_lag: Option<u64>,
     pub batch_blocks: u64,
@@ -401,6 +408,7 @@ impl Config {
             change_feed: value!(change_feed),
             os_cache: value!(os_cache),
             os_cache_pause,
+            os_cache_busy_sessions: value!(os_cache_busy_sessions),
             max_replay_lag: size("max_replay_lag", &value!(max_replay_lag))?,
             batch_blocks,
             connect_timeout,
@@ -434,6 +442,7 @@ impl Config {
             change_feed: Some(self.change_feed),
             os_cache: Some(self.os_cache),
             os_cache_pause: Some(format_duration(self.os_cache_pause)),
+            os_cache_busy_sessions: Some(self.os_cache_busy_sessions),
             max_replay_lag: Some(
                 self.max_replay_lag
                     .map_or_else(|| "off".to_string(), format_size),
@@ -1160,6 +1169,7 @@ mod tests {
             change_feed: Some(false),
             os_cache: Some(false),
             os_cache_pause: Some("5m".into()),
+            os_cache_busy_sessions: Some(3),
             max_replay_lag: Some("64MB".into()),
             batch_blocks: Some(100),
             connect_timeout: Some("3s".into()),

@@ -57,6 +57,8 @@ pub struct Server {
     pub os_delay: Duration,
     /// Its extension has no page-cache tier (before 0.9.0).
     pub no_os_cache: bool,
+    /// Client sessions of its own readers running a query now (pg_stat_activity).
+    pub busy_sessions: u64,
     /// Raised to close every session the server has (a restart of its network, say).
     pub generation: u32,
     pub connections: u32,
@@ -529,6 +531,14 @@ impl NodeApi for FakeNode {
             }
         }
         Ok((s.in_recovery, done))
+    }
+
+    async fn busy_sessions(&mut self) -> Result<u64, NodeError> {
+        self.check_open()?;
+        if self.silent() {
+            return Err(self.silence().await);
+        }
+        Ok(lock(&self.server).busy_sessions)
     }
 
     async fn report_candidates(

@@ -108,6 +108,7 @@ pub struct Metrics {
     os_cache_held_bytes: Family<NodeLabels, Gauge>,
     os_cache_read_bytes: Family<NodeLabels, Counter>,
     os_cache_primary_bytes: Gauge,
+    os_cache_waiting: Family<NodeLabels, Gauge>,
     /// Standby names with series, so that members that left lose theirs.
     standby_names: std::sync::Mutex<Vec<String>>,
     readiness: Readiness,
@@ -192,6 +193,7 @@ impl Metrics {
             os_cache_held_bytes: Family::default(),
             os_cache_read_bytes: Family::default(),
             os_cache_primary_bytes: Gauge::default(),
+            os_cache_waiting: Family::default(),
             standby_names: std::sync::Mutex::default(),
             readiness: Readiness::default(),
             registry: Registry::default(),
@@ -331,6 +333,11 @@ impl Metrics {
             "os_cache_primary_bytes",
             "Bytes of relation files (main forks of permanent relations) in the primary's page cache at its last complete pass",
             m.os_cache_primary_bytes.clone(),
+        );
+        registry.register(
+            "os_cache_waiting",
+            "1 while reading into this standby's page cache waits for its own client sessions (os_cache_busy_sessions)",
+            m.os_cache_waiting.clone(),
         );
         registry.register(
             "standby_missing_blocks",
@@ -549,6 +556,7 @@ impl Metrics {
             self.os_cache_coverage.remove(&label);
             self.os_cache_held_bytes.remove(&label);
             self.os_cache_read_bytes.remove(&label);
+            self.os_cache_waiting.remove(&label);
         }
         for (rank, name) in names.iter().enumerate() {
             let label = node_label(name);
@@ -609,6 +617,13 @@ impl Metrics {
         self.os_cache_read_bytes
             .get_or_create(&node_label(name))
             .inc_by(blocks.saturating_mul(BLOCK_BYTES));
+    }
+
+    /// Whether reading into a standby's page cache waits for its own readers.
+    pub fn os_cache_waiting(&self, name: &str, waiting: bool) {
+        self.os_cache_waiting
+            .get_or_create(&node_label(name))
+            .set(i64::from(waiting));
     }
 
     /// The primary's page cache of relation files at its last complete pass.

@@ -664,6 +664,10 @@ const SQL_OS_PREFETCH: &str = "SELECT pg_is_in_recovery(), requested, already_ca
      skipped, limited, in_play, \
      pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::int8 \
      FROM ccm_os_prefetch($1::bytea, $2::bool)";
+// The agent's sessions carry its application_name; the readers are everyone else's.
+const SQL_BUSY_SESSIONS: &str = "SELECT count(*)::int8 FROM pg_stat_activity \
+     WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend_pid() \
+     AND application_name IS DISTINCT FROM current_setting('application_name')";
 const SQL_STATUS: &str = "SELECT buffers_sent_last_minute, buffers_found_last_minute, \
      buffers_sent_last_scan, buffers_found_last_scan, buffers_sent_current_scan, \
      buffers_found_current_scan, current_scan_progress FROM aurora_ccm_status()";
@@ -1375,6 +1379,15 @@ impl Node {
                 replay_lag: col.get::<Option<i64>>(7)?.map(|lag| lag.max(0) as u64),
             },
         ))
+    }
+
+    /// Standby: its client sessions other than the agent's that are running a query now.
+    /// Sessions of other roles count only when ours may see their state (pg_read_all_stats).
+    pub async fn busy_sessions(&mut self) -> Result<u64, NodeError> {
+        const WHAT: &str = "pg_stat_activity";
+        let row = self.query_one(WHAT, SQL_BUSY_SESSIONS, &[]).await?;
+        let col = Columns::new(self, WHAT, &row);
+        Ok(col.get::<Option<i64>>(0)?.unwrap_or(0).max(0) as u64)
     }
 
     /// Primary: the row of aurora_ccm_status().

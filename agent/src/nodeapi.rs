@@ -103,6 +103,8 @@ pub trait NodeApi: Send + Sized + 'static {
         list: &[u8],
         advise: bool,
     ) -> impl Future<Output = Result<(bool, PrefetchResult), NodeError>> + Send;
+    /// Standby: its client sessions other than the agent's running a query now.
+    fn busy_sessions(&mut self) -> impl Future<Output = Result<u64, NodeError>> + Send;
     /// Primary: tries the agents' advisory lock (election.rs); true when held now.
     fn try_agent_lock(&mut self) -> impl Future<Output = Result<bool, NodeError>> + Send;
     /// Primary: the session holding the agents' lock, if any.
@@ -257,6 +259,10 @@ impl NodeApi for Node {
         advise: bool,
     ) -> impl Future<Output = Result<(bool, PrefetchResult), NodeError>> + Send {
         Node::os_prefetch(self, list, advise)
+    }
+
+    fn busy_sessions(&mut self) -> impl Future<Output = Result<u64, NodeError>> + Send {
+        Node::busy_sessions(self)
     }
 
     fn try_agent_lock(&mut self) -> impl Future<Output = Result<bool, NodeError>> + Send {

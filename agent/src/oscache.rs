@@ -39,6 +39,13 @@ pub const BATCH_BLOCKS: usize = 16_384;
 /// given up (it starts again with the next pass).
 pub const MAX_QUEUED_BATCHES: usize = 64;
 
+/// Whether a standby whose own client sessions run `busy` queries now waits with its
+/// page-cache reading (`os_cache_busy_sessions`, 0: never): its readers come first, since the
+/// reading takes CPU and disk from them (bench/standby_reader.py).
+pub fn readers_first(busy: u64, busy_sessions: u32) -> bool {
+    busy_sessions > 0 && busy >= u64::from(busy_sessions)
+}
+
 /// Where the walk of the primary's files stands: the last block examined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor {
@@ -339,6 +346,15 @@ mod tests {
 
     const A: &str = "a";
     const B: &str = "b";
+
+    #[test]
+    fn a_standbys_readers_come_first_from_the_configured_number_of_busy_sessions() {
+        assert!(!readers_first(0, 1));
+        assert!(readers_first(1, 1));
+        assert!(!readers_first(2, 3));
+        assert!(readers_first(3, 3));
+        assert!(!readers_first(100, 0), "0: never waits");
+    }
 
     fn slice(blocks: u64, complete: bool) -> SliceAnswer {
         SliceAnswer {

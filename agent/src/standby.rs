@@ -34,7 +34,7 @@ use crate::feed::{self, Mirror};
 use crate::metrics::{Metrics, Stage};
 use crate::node::{ConnectOptions, ErrorClass, Node, NodeError, PrewarmResult, Side};
 use crate::nodeapi::NodeApi;
-use crate::oscache::{OsTier, PrefetchResult};
+use crate::oscache::{readers_first, OsTier, PrefetchResult};
 use crate::report::{CycleReport, Event, StandbyReport};
 use crate::retry::{self, Episode, Kind, Pace};
 use crate::sync::CycleError;
@@ -165,6 +165,8 @@ pub struct Standby<N: NodeApi = Node> {
     replay_behind: bool,
     /// A ccm_os_prefetch call failed, and that was logged (once per episode).
     os_failing: bool,
+    /// Its page-cache reading waits for its own readers, and that was logged (once).
+    os_waiting: bool,
     /// Blocks its change feed holds as cached (feed mode), for fill_room's room.
     pub feed_tracked: Option<u64>,
     /// WAL senders of it that are no node the agent knows (walsender.rs).
@@ -188,6 +190,7 @@ impl<N: NodeApi> Standby<N> {
             fill_idle_until: None,
             replay_behind: false,
             os_failing: false,
+            os_waiting: false,
             feed_tracked: None,
             unknown_senders: walsender::Unknowns::default(),
             feed_cursor: None,
@@ -776,7 +779,13 @@ impl<N: NodeApi> Standby<N> {
             let done = if batch.list.is_empty() {
                 PrefetchResult::default()
             } else {
-                match self.os_batch(shared, &batch.list, report).await? {
+                // While its readers are busy the batch is only measured (mincore), so that
+                // its coverage stays true and the pass goes on; the next pass reads.
+                let Some(advise) = self.readers_idle(shared, report).await? else {
+                    os_tier(tier).drop_queue(&name);
+                    return Ok(());
+                };
+                match self.os_batch(shared, &batch.list, advise, report).await? {
                     Some(done) => done,
                     None => {
                         os_tier(tier).drop_queue(&name);
@@ -800,43 +809,89 @@ impl<N: NodeApi> Standby<N> {
         Ok(())
     }
 
-    /// One ccm_os_prefetch call. None when its page-cache pass ends here without a fault of
-    /// the standby: a recovery conflict, or a failed call that left its session open (logged
-    /// once per episode; the hot set goes on as before).
+    /// Whether its own readers leave room for reading a batch of the page-cache tier now
+    /// (`os_cache_busy_sessions`; a change is told once, and in ccm_agent_os_cache_waiting).
+    /// None when the look failed without a fault of the standby (os_failed): its pass ends.
+    async fn readers_idle(
+        &mut self,
+        shared: &Shared,
+        report: &mut CycleReport,
+    ) -> Result<Option<bool>, CycleError> {
+        let limit = shared.cfg.os_cache_busy_sessions;
+        if limit == 0 {
+            shared.metrics.os_cache_waiting(&self.name, false);
+            return Ok(Some(true));
+        }
+        let busy = match self.node().busy_sessions().await {
+            Ok(busy) => busy,
+            Err(error) => return self.os_failed(shared, error, report).map(|()| None),
+        };
+        self.heard_now();
+        let waiting = readers_first(busy, limit);
+        shared.metrics.os_cache_waiting(&self.name, waiting);
+        let name = &self.name;
+        if waiting && !std::mem::replace(&mut self.os_waiting, true) {
+            info!(
+                standby = %name,
+                busy_sessions = busy,
+                "{busy} client sessions are running queries on the standby {name} \
+                 (os_cache_busy_sessions {limit}); reading into its page cache waits for them \
+                 (what it holds is still measured)"
+            );
+        } else if !waiting && std::mem::take(&mut self.os_waiting) {
+            info!(standby = %name, "the readers of the standby {name} are idle; reading into its page cache goes on");
+        }
+        Ok(Some(!waiting))
+    }
+
+    /// One ccm_os_prefetch call (`advise` false: measure only). None when its page-cache pass
+    /// ends here without a fault of the standby (os_failed).
     async fn os_batch(
         &mut self,
         shared: &Shared,
         list: &[u8],
+        advise: bool,
         report: &mut CycleReport,
     ) -> Result<Option<PrefetchResult>, CycleError> {
-        let metrics = &shared.metrics;
-        let error = match self.node().os_prefetch(list, true).await {
+        match self.node().os_prefetch(list, advise).await {
             Ok((true, done)) => {
                 self.heard_now();
-                metrics.progress();
+                shared.metrics.progress();
                 if std::mem::take(&mut self.os_failing) {
                     info!(standby = %self.name, "reading into the page cache of the standby {} works again", self.name);
                 }
-                return Ok(Some(done));
+                Ok(Some(done))
             }
-            Ok((false, _)) => return Err(self.promoted(metrics)),
-            Err(error) => error,
-        };
+            Ok((false, _)) => Err(self.promoted(&shared.metrics)),
+            Err(error) => self.os_failed(shared, error, report).map(|()| None),
+        }
+    }
+
+    /// A call of the page-cache tier failed. Ok when its pass just ends here without a fault
+    /// of the standby: a recovery conflict, or a failed call that left its session open
+    /// (logged once per episode; the hot set goes on as before).
+    fn os_failed(
+        &mut self,
+        shared: &Shared,
+        error: NodeError,
+        report: &mut CycleReport,
+    ) -> Result<(), CycleError> {
+        let metrics = &shared.metrics;
         match error.class() {
             ErrorClass::NotInRecovery => Err(self.promoted(metrics)),
             ErrorClass::RecoveryConflict => {
                 self.recovery_conflict(metrics, &error, report);
-                Ok(None)
+                Ok(())
             }
             _ if self.broken(&error)
                 || matches!(error, NodeError::Cancelled | NodeError::Disabled { .. }) =>
             {
-                self.call(metrics, Stage::Prewarm, Err(error))
+                self.call::<()>(metrics, Stage::Prewarm, Err(error))
             }
             _ => {
                 let name = self.name.clone();
                 if std::mem::replace(&mut self.os_failing, true) {
-                    debug!(standby = %name, "ccm_os_prefetch failed: {error}");
+                    debug!(standby = %name, "the page-cache tier's call failed: {error}");
                 } else {
                     warn!(
                         standby = %name,
@@ -844,7 +899,7 @@ impl<N: NodeApi> Standby<N> {
                          page-cache pass ends here, and warming its shared_buffers goes on"
                     );
                 }
-                Ok(None)
+                Ok(())
             }
         }
     }

@@ -11,6 +11,8 @@ never read them.
   standby's page cache hold it, loading a fraction of it into shared_buffers; the agent's
   metrics and `status` say how much the standby holds.
 - Above the standby's memory headroom (ccm.os_cache_min_free) nothing is read.
+- While a client session runs a query on the standby (its own readers), nothing is read (what
+  it holds is still measured); once it ends, the standby catches up.
 - The primary's list holds main forks of permanent relations only: not an unlogged table, a
   temporary one, or another fork.
 - ccm_os_prefetch refuses to run on a primary and refuses malformed lists, with SQLSTATEs.
@@ -19,6 +21,7 @@ never read them.
 from __future__ import annotations
 
 import subprocess
+import threading
 
 import psycopg
 import pytest
@@ -102,6 +105,43 @@ def test_nothing_is_read_above_the_standbys_headroom(cluster, log_dir):
     finally:
         agent.stop()
     assert resident_share(standby, relpath) < 0.05
+
+
+def test_a_standbys_own_readers_come_first(cluster, log_dir):
+    primary, standby = cluster.primary, cluster.standby
+    relpath = cold_big_table(cluster, megabytes=40)
+    member = f"127.0.0.1:{standby.port}"
+    reader = standby.connect(autocommit=True)
+    reader_pid = reader.info.backend_pid
+
+    def read_for_long() -> None:
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            reader.execute("SELECT pg_sleep(600)")
+
+    query = threading.Thread(target=read_for_long, daemon=True)
+    query.start()
+    # Only the hot set in shared_buffers (the table, read through a ring, is not hot), and a
+    # pass at once after one that read nothing, so that the catching up below is not a pause.
+    agent = AgentProcess(primary.conninfo(), standby.conninfo(), log_dir, interval="500ms",
+                         extra=["--fill-room", "false", "--os-cache-pause", "1s"]).start()
+    try:
+        agent.wait_for(lambda: agent.metric(f'ccm_agent_os_cache_waiting{{node="{member}"}}', -1) == 1,
+                       "the page-cache tier to wait for the standby's reader", timeout=60)
+        # What it holds is still measured: a pass completes and says it holds nothing.
+        coverage = f'ccm_agent_os_cache_coverage_ratio{{node="{member}"}}'
+        agent.wait_for(lambda: agent.metric(coverage, -1) >= 0, "a pass over the busy standby", timeout=60)
+        assert agent.metric(coverage) < 0.05
+        assert agent.metric(f'ccm_agent_os_cache_read_bytes_total{{node="{member}"}}') == 0
+        assert resident_share(standby, relpath) < 0.05
+        assert "reading into its page cache waits for them" in agent.log()
+        standby.sql("SELECT pg_cancel_backend(%s)", [reader_pid])
+        query.join(timeout=30)
+        wait_for("the standby's page cache to hold the primary's table once its reader ended",
+                 lambda: resident_share(standby, relpath) > 0.95, timeout=60, describe=agent.log)
+        assert agent.metric(f'ccm_agent_os_cache_waiting{{node="{member}"}}') == 0
+    finally:
+        agent.stop()
+        reader.close()
 
 
 @pytest.mark.every_version
