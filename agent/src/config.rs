@@ -135,7 +135,7 @@ config_keys! {
     /// candidate, the next pass waits this long.
     os_cache_pause: String [env = "CCM_OS_CACHE_PAUSE", value_name = "DURATION"] = "2m",
     /// A standby's own readers come first: while at least this many client sessions other
-    /// than the agent's run queries on it (pg_stat_activity, eight looks before each batch;
+    /// than the agent's run queries on it (pg_stat_activity, eight looks once a cycle;
     /// the agent's role needs pg_read_all_stats, as pg_monitor has, to see other roles'
     /// sessions), nothing is read into its page cache (what it holds is still measured).
     /// 0: never waits.

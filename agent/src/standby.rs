@@ -766,6 +766,9 @@ impl<N: NodeApi> Standby<N> {
             return Ok(());
         }
         let mut first = true;
+        // Its readers are looked at once per cycle, before its first batch that has blocks:
+        // a steady pass of a large page cache is hundreds of batches.
+        let mut readers_idle = None;
         loop {
             // Not in the loop's condition: the guard would live across the awaits.
             let next = os_tier(tier).next_batch(&name);
@@ -781,9 +784,16 @@ impl<N: NodeApi> Standby<N> {
             } else {
                 // While its readers are busy the batch is only measured (mincore), so that
                 // its coverage stays true and the pass goes on; the next pass reads.
-                let Some(advise) = self.readers_idle(shared, report).await? else {
-                    os_tier(tier).drop_queue(&name);
-                    return Ok(());
+                let advise = match readers_idle {
+                    Some(idle) => idle,
+                    None => {
+                        let Some(idle) = self.readers_idle(shared, report).await? else {
+                            os_tier(tier).drop_queue(&name);
+                            return Ok(());
+                        };
+                        readers_idle = Some(idle);
+                        idle
+                    }
                 };
                 match self.os_batch(shared, &batch.list, advise, report).await? {
                     Some(done) => done,
