@@ -783,7 +783,7 @@ impl<N: NodeApi> Standby<N> {
                 PrefetchResult::default()
             } else {
                 // While its readers are busy the batch is only measured (mincore), so that
-                // its coverage stays true and the pass goes on; the next pass reads.
+                // its coverage stays true and the pass goes on; later cycles and passes read.
                 let advise = match readers_idle {
                     Some(idle) => idle,
                     None => {
