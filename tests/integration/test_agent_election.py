@@ -108,7 +108,8 @@ def test_three_agents_one_active_no_reset_storm_and_a_takeover(cluster, load_fac
         winner = wait_one_active(agents, timeout=6 * INTERVAL + 2)
         standbys = [name for name in NAMES if name != winner]
         for name in standbys:
-            agents[name].wait_for(lambda: agents[name].readiness()[0] == 503, "/readyz to say standby")
+            # 503 alone is also an agent that has not tried the lock yet: wait for "standby".
+            agents[name].wait_for(lambda: agents[name].readiness()[1].get("standby"), "/readyz to say standby")
             assert_standing_by(agents[name], winner)
         agents[winner].wait_for(lambda: agents[winner].readiness()[0] == 200, "/readyz of the active agent")
         wait_standby_warm(cluster, agents)
