@@ -79,7 +79,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from harness.agent import AGENT_BIN, AgentProcess  # noqa: E402
-from harness.cgroups import Budget, NodeCgroups, controller_available, data_device  # noqa: E402
+from harness.cgroups import Budget, MemoryCgroup, NodeCgroups, controller_available, data_device  # noqa: E402
 from harness.wait import wait_for  # noqa: E402
 from harness.cluster import (Cluster, Node, PgVersionError, coverage, pg_bin, pg_version_text, pgbench,  # noqa: E402
                              resolve_pg_versions, use_pg_version)
@@ -305,6 +305,8 @@ def modes(args: argparse.Namespace, scenario: str) -> list[Arm]:
     ccm = {"on": [CCM], "off": [CCM_HOT_SET_ONLY], "both": [CCM, CCM_HOT_SET_ONLY]}[fill_room_choice(args, scenario)]
     if scenario == "typical":
         ccm = [*ccm, CCM_PAGE_CACHE]
+    if args.arms:
+        return [ARMS[slug] for slug in args.arms.split(",")]
     return {"ccm": ccm, "none": [NO_CCM], "both": [*ccm, NO_CCM]}[args.only]
 
 
@@ -600,6 +602,9 @@ class RunResult:
     # Each node's relation files (base/) in the page cache at the kill, as vmtouch counts them.
     primary_files_cached_mb: float | None = None
     standby_files_cached_mb: float | None = None
+    # With a memory group per node, the standby's group every second from the measured
+    # window to the end, seconds from promotion: [t, *MemorySampler.COLUMNS] in MB.
+    standby_memory: list[list[float]] = field(default_factory=list)
     cached_buffers_at_failover: int = 0
     agent_blocks_loaded: int | None = None
     agent_fill_blocks_loaded: int | None = None  # of those, colder blocks filling unused buffers
@@ -647,6 +652,9 @@ class RunResult:
     # Separate budgets (demo/README.md, "Separate budgets"); None/empty without them.
     storage: str = "shared"  # "local", "cloud", or "shared": both nodes on the machine's CPUs and disk, as before
     clients: int = 0
+    # The sweep's repetitions (bench/failover_sweep.py --rounds): this run's round, of `rounds`.
+    round: int = 1
+    rounds: int = 1
     pre_window_s: int = PRE_WINDOW  # the old primary's measured seconds before the kill
     seconds_to_95pct_first: float | None = None
     seconds_to_95pct_stay: float | None = None
@@ -905,11 +913,42 @@ class RunBudgets:
             group.remove()
 
 
-def files_cached_mb(node: Node) -> float:
-    """MB of the node's relation files (base/) in the OS page cache, as vmtouch counts them."""
-    out = subprocess.run(["vmtouch", str(node.datadir / "base")], capture_output=True, text=True, check=True).stdout
+def files_cached_mb(node: Node, directory: str = "base") -> float:
+    """MB of the node's files under `directory` (relation files: base/) in the OS page cache,
+    as vmtouch counts them."""
+    out = subprocess.run(["vmtouch", str(node.datadir / directory)], capture_output=True, text=True, check=True).stdout
     found = re.search(r"Resident Pages: (\d+)/", out)
     return int(found[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20 if found else 0.0
+
+
+class MemorySampler(Sampler):
+    """What fills a node's memory group, every second: memory.stat's page cache (`cache`:
+    files and shared memory), its shared memory (shared_buffers), the file pages on the
+    kernel's active and inactive lists, the pages uncharged so far (`pgpgout`: evicted or
+    freed), and of the page cache the node's relation files (base/) and its WAL (pg_wal/),
+    by vmtouch. So a run shows what was cached at the kill and what made room after it."""
+
+    COLUMNS = ("cache", "shmem", "active_file", "inactive_file", "base", "pg_wal", "pgpgout")
+
+    def __init__(self, node: Node, group: MemoryCgroup):
+        self.node, self.group = node, group
+        super().__init__(f"memory sampler on {node.name}", self._probe)
+
+    def _probe(self, _handle: object) -> tuple[float, ...]:
+        stat = self.group.stat()
+        mb = lambda key: round(stat.get(key, 0) / 2**20, 1)  # noqa: E731
+        return (mb("cache"), mb("shmem"), mb("active_file"), mb("inactive_file"), round(files_cached_mb(self.node), 1),
+                round(files_cached_mb(self.node, "pg_wal"), 1), round(stat.get("pgpgout", 0) * 4096 / 2**20, 1))
+
+    def series(self, origin: float) -> list[list[float]]:
+        return [[round(at - origin, 2), *values] for at, values in self.samples]
+
+    def near(self, moment: float) -> dict[str, float] | None:
+        """The sample closest to `moment`, by column name."""
+        if not self.samples:
+            return None
+        _, values = min(self.samples, key=lambda sample: abs(sample[0] - moment))
+        return dict(zip(self.COLUMNS, values))
 
 
 def prewarm_primary(primary: Node, page_cache: bool = False) -> float:
@@ -1051,6 +1090,8 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
             before_cpu = budgets.cpu_seconds()
             window_started = time.monotonic()
             samplers.append(waits_before := WaitSampler(primary))
+            if budgets.standby.memory is not None:
+                samplers.append(memory := MemorySampler(standby, budgets.standby.memory))
             workloads.append(warm := Workload(primary, scenario, clients, args.pre_seconds, "primary    ",
                                               log_dir=cluster.base / "pgbench-primary", launcher=client_on("primary")))
         else:
@@ -1143,6 +1184,13 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
             f"for {args.after_seconds} s")
         after.wait()
         sampler_after.stop()
+        if budgets is not None and budgets.standby.memory is not None:
+            memory.stop()
+            result.standby_memory = memory.series(promoted)
+            for label, moment in (("at the kill", killed), ("10 s after promotion", promoted + FIRST_WINDOW),
+                                  ("at the end", time.monotonic())):
+                if (sample := memory.near(moment)) is not None:
+                    say(f"{tag} standby's memory group {label}: " + ", ".join(f"{k} {v:.0f} MB" for k, v in sample.items()))
         time.sleep(1.5)  # backends flush their statistics when they exit
         blocks_at_end, io_reads_at_end = storage_reads(standby, io)
         result.blocks_read_after = blocks_at_end - blocks_at_promotion
@@ -1551,7 +1599,8 @@ def check_targets(run: RunResult, without: RunResult | None, args: argparse.Name
 def group_key(run: RunResult) -> str:
     """The runs compared side by side: one scenario, and with separate budgets one storage
     setting and one concurrency."""
-    return run.scenario if run.storage == "shared" else f"{run.scenario}, {run.storage} storage, {run.clients} clients"
+    key = run.scenario if run.storage == "shared" else f"{run.scenario}, {run.storage} storage, {run.clients} clients"
+    return key + (f", round {run.round} of {run.rounds}" if run.rounds > 1 else "")
 
 
 def validity(runs: list[RunResult]) -> dict[str, object] | None:
@@ -1775,6 +1824,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "large and typical: only by name)")
     parser.add_argument("--only", choices=["ccm", "none", "both"], default="both",
                         help="run with ccm-agent (as many runs as --fill-room asks for), without CCM, or both")
+    parser.add_argument("--arms", metavar="SLUGS",
+                        help=f"instead of --only and --fill-room, these runs in this order, comma-separated, among "
+                             f"{','.join(ARMS)}")
     parser.add_argument("--fill-room", choices=["on", "off", "both"],
                         help="ccm-agent's fill_room in the CCM run: on (the agent's default: colder blocks fill the "
                              "standby's unused buffers), off (--fill-room false: the hot set only), or both: two CCM "
@@ -1812,6 +1864,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--warm-seconds must be >= {PRE_WINDOW} and --after-seconds >= 10")
     if args.clients < 1:
         parser.error("--clients must be >= 1")
+    if args.arms and (unknown := [slug for slug in args.arms.split(",") if slug not in ARMS]):
+        parser.error(f"--arms: unknown {','.join(unknown)}; choose among {','.join(ARMS)}")
     resolve_budget_arguments(parser, args)
     return args
 

@@ -90,13 +90,14 @@ class MemoryCgroup(Cgroup):
     def usage_mb(self) -> float:
         return int((self.path / "memory.usage_in_bytes").read_text()) / 2**20
 
+    def stat(self) -> dict[str, int]:
+        """memory.stat: the group's own counters (bytes, or pages for pgpgin/pgpgout)."""
+        pairs = (line.partition(" ") for line in (self.path / "memory.stat").read_text().splitlines())
+        return {key: int(value) for key, _, value in pairs if value.strip().isdigit()}
+
     def page_cache_mb(self) -> float:
-        """The page cache charged to the group (memory.stat `cache`)."""
-        for line in (self.path / "memory.stat").read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "cache":
-                return int(value) / 2**20
-        return 0.0
+        """The page cache charged to the group (memory.stat `cache`: files and shared memory)."""
+        return self.stat().get("cache", 0) / 2**20
 
 
 class BlkioThrottle(Cgroup):
