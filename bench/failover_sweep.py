@@ -3,7 +3,7 @@
 arm, on one data set, with separate budgets per node.
 
     python3 bench/failover_sweep.py [--pg 18] [--scale 300] [--shared-buffers 5GB]
-                                    [--clients 4,16,64] [--storage both] [--arms ccm,none]
+                                    [--clients 4,16,64] [--storage both] [--arms ccm,none] [--rounds 3]
     make bench ARGS='--only failover'                    # the same, through bench/ccm_bench.py
 
 It builds the pgbench data set once (`pgbench -i`, a stopped template data directory) and,
@@ -27,6 +27,11 @@ OUTPUT_DIR/failover-sweep.md; every figure and series in OUTPUT_DIR/failover-swe
 per comparison, OUTPUT_DIR/failover-sweep-STORAGE-CLIENTS.png (the cloud-like 16-client one is
 the headline chart). A comparison whose arms' pre-failover TPS differ by more than 5% is
 marked NOT VALID.
+
+One run per arm says little on a machine whose speed drifts: two arms run one after the other
+here have differed by 9-13% in pre-failover TPS. With --rounds N every comparison runs N times,
+the arms' order reversed every other round, each round a comparison (and a validity check) of
+its own, and the summary adds each figure's median and range over the rounds.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import datetime
 import io
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,6 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shared-buffers", type=demo.memory, default="5GB", help="shared_buffers of both nodes")
     parser.add_argument("--clients", default="4,16,64", help="the concurrencies, comma-separated")
     parser.add_argument("--arms", default="ccm,none", help=f"the arms, comma-separated, among {','.join(demo.ARMS)}")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="each comparison this many times, the arms' order reversed every other round (A B, B A, "
+                             "...), so that the machine's drift does not favour one arm; the summary then gives each "
+                             "figure's median and range over the rounds")
     parser.add_argument("--warm-seconds", type=int, default=60,
                         help="least workload on the primary before the steady-state check may pass")
     parser.add_argument("--after-seconds", type=int, default=300,
@@ -86,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not args.arms:
         parser.error(f"--arms: unknown {','.join(unknown)}; choose among {','.join(demo.ARMS)}")
     args.arm_list = [demo.ARMS[a] for a in args.arms.split(",")]
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     args.separate_budgets = "on"  # the point of the sweep
     args.scenario, args.rejoin, args.clients = "large", False, args.client_counts[0]
     demo.resolve_budget_arguments(parser, args)
@@ -184,6 +196,7 @@ def write_outputs(results: list[demo.RunResult], fio: list[dict], args: argparse
         f"Whole sweep: {wall / 60:.0f} min.",
         "## What the disk gave (fio, inside a node's blkio group)", fio_table(fio) if fio else "(fio not run)",
         "## Summary", summary(results, verdicts, args),
+        *(["## Over the rounds: median [lowest-highest]", table] if (table := rounds_table(results, verdicts)) else []),
         buffer.getvalue(),
     ])
     print(text)
@@ -197,9 +210,52 @@ def write_outputs(results: list[demo.RunResult], fio: list[dict], args: argparse
     }, indent=1))
     for key in dict.fromkeys(demo.group_key(r) for r in results):
         runs = [r for r in results if demo.group_key(r) == key]
-        demo.chart(runs, args.output_dir / f"failover-sweep-{runs[0].storage}-{runs[0].clients}.png", args)
+        suffix = f"-round{runs[0].round}" if runs[0].rounds > 1 else ""
+        demo.chart(runs, args.output_dir / f"failover-sweep-{runs[0].storage}-{runs[0].clients}{suffix}.png", args)
     say(f"tables: {args.output_dir / 'failover-sweep.md'}; figures: {args.output_dir / 'failover-sweep.json'}; "
         f"charts: {args.output_dir}/failover-sweep-*.png")
+
+
+def round_orders(arms: list[demo.Arm], rounds: int) -> list[list[demo.Arm]]:
+    """The arms' order in each round: as given, then reversed, alternately (A B, B A, A B ...),
+    so that a machine that speeds up or slows down over the sweep favours no arm."""
+    return [list(arms) if number % 2 == 0 else list(reversed(arms)) for number in range(rounds)]
+
+
+ROUND_FIGURES = (  # label, RunResult attribute, format
+    ("pre-failover TPS", "pre_failover_tps", demo.fmt_count),
+    ("first 10 s TPS, % of pre-failover", "first_10s_pct", demo.fmt_pct),
+    ("to 90%: first, s", "seconds_to_90pct_first", lambda v: "-" if v is None else f"{v:.1f}"),
+    ("to 90%: kept, s", "seconds_to_90pct_stay", lambda v: "-" if v is None else f"{v:.1f}"),
+    ("p99 in the first 10 s, ms", "first_10s_p99_ms", demo.fmt_ms),
+    ("new primary's disk requests, first 60 s", "new_primary_device_reads_60s", demo.fmt_count),
+)
+
+
+def spread_cell(values: list, fmt) -> str:
+    """Median [lowest-highest] of a figure over the rounds; a round without the figure (not
+    reached within the run, say) is shown apart."""
+    known = sorted(v for v in values if v is not None)
+    if not known:
+        return "-"
+    missing = len(values) - len(known)
+    cell = fmt(statistics.median(known)) + (f" [{fmt(known[0])}-{fmt(known[-1])}]" if len(known) > 1 else "")
+    return cell + (f" ({missing} of {len(values)} not reached)" if missing else "")
+
+
+def rounds_table(results: list[demo.RunResult], verdicts: dict) -> str:
+    """With --rounds > 1: per storage setting, concurrency and arm, each figure's median and
+    range over the rounds, and how many rounds' comparisons were valid."""
+    if not results or results[0].rounds < 2:
+        return ""
+    lines = ["| storage | clients | arm | valid rounds | " + " | ".join(label for label, _, _ in ROUND_FIGURES) + " |",
+             "|---|---:|---|---:|" + "---:|" * len(ROUND_FIGURES)]
+    for storage, clients, mode in dict.fromkeys((r.storage, r.clients, r.mode) for r in results):
+        runs = [r for r in results if (r.storage, r.clients, r.mode) == (storage, clients, mode)]
+        valid = sum(1 for r in runs if verdicts.get(demo.group_key(r), {}).get("validity", {}).get("valid"))
+        cells = [spread_cell([getattr(r, attribute) for r in runs], fmt) for _, attribute, fmt in ROUND_FIGURES]
+        lines.append(f"| {storage} | {clients} | {mode} | {valid} of {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def estimate_minutes(args: argparse.Namespace) -> float:
@@ -207,7 +263,7 @@ def estimate_minutes(args: argparse.Namespace) -> float:
     settling (guessed: a minute past --warm-seconds), the two windows, snapshots and the
     latency logs; the data set once; fio."""
     per_run = 60 + args.scale / 4 + args.warm_seconds + 60 + args.pre_seconds + args.after_seconds + 30
-    runs = len(args.storages) * len(args.client_counts) * len(args.arm_list)
+    runs = len(args.storages) * len(args.client_counts) * len(args.arm_list) * args.rounds
     return (args.scale * 0.8 + runs * per_run + len(args.storages) * len(FIO_JOBS) * args.fio_seconds) / 60
 
 
@@ -236,10 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         template = demo.build_template(scenario, args, workdir)
         for storage in args.storages:
             for clients in args.client_counts:
-                longest = 0.0  # the arms compared warm up at least as long as the ones before them
-                for arm in args.arm_list:
-                    results.append(demo.run_once(scenario, template, arm, args, workdir, storage, clients, longest))
-                    longest = max(longest, results[-1].warm_before_window_s or 0.0)
+                for number, arms in enumerate(round_orders(args.arm_list, args.rounds), 1):
+                    longest = 0.0  # the arms compared warm up at least as long as the ones before them
+                    for arm in arms:
+                        results.append(run := demo.run_once(scenario, template, arm, args, workdir, storage, clients, longest))
+                        run.round, run.rounds = number, args.rounds
+                        longest = max(longest, run.warm_before_window_s or 0.0)
     except KeyboardInterrupt as stop:
         say(f"interrupted ({stop or 'Ctrl-C'}): clusters, agent and cgroups removed")
         return 130
