@@ -16,6 +16,11 @@ pub static PREWARM_READAHEAD_THREADS: GucSetting<i32> = GucSetting::<i32>::new(2
 /// `ccm.os_cache_min_free`: megabytes of memory `ccm_os_prefetch` leaves free on a standby.
 pub static OS_CACHE_MIN_FREE: GucSetting<i32> = GucSetting::<i32>::new(1024);
 
+/// `ccm.os_cache_release_old_wal`: whether a node, once out of recovery (a promotion, a
+/// start), drops the WAL of older timelines from its page cache (`old_wal.rs`); read at
+/// server start, when the worker that does it is registered.
+pub static OS_CACHE_RELEASE_OLD_WAL: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// `ccm.logical_wal_cache`: size of the logical WAL cache in WAL pages (8 kB); 0 turns it
 /// off, 1 to 3 are raised to 4 (as Aurora's `rds.logical_wal_cache`). The worker uses at
 /// most a quarter of the server's memory (RAM, or a cgroup's limit if smaller), whatever the
@@ -93,6 +98,14 @@ pub fn init() {
         i32::MAX / 2,
         GucContext::Sighup,
         GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_bool_guc(
+        c"ccm.os_cache_release_old_wal",
+        c"Drops the WAL of older timelines from the page cache when recovery ends.",
+        c"A promoted standby's page cache holds the WAL it received, which its new workload never reads; dropping it (posix_fadvise DONTNEED) leaves that memory to relation pages instead of evicting them.",
+        &OS_CACHE_RELEASE_OLD_WAL,
+        GucContext::Postmaster,
+        GucFlags::default(),
     );
     // SAFETY: the check hook is guarded and only rewrites the proposed value.
     unsafe {

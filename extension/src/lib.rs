@@ -18,6 +18,7 @@ mod failpoints;
 mod filter;
 mod gucs;
 mod hot_blocks;
+mod old_wal;
 mod os_cache;
 mod prewarm;
 mod prewarm_worker;
@@ -48,6 +49,7 @@ pub extern "C-unwind" fn _PG_init() {
     candidates::init();
     changes::init();
     wal_cache::init();
+    old_wal::init();
 }
 
 // Where a node's WAL comes from, for the agent's "never warm from the wrong primary" check.

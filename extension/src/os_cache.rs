@@ -132,17 +132,22 @@ impl Drop for ExternalFd {
 }
 
 /// An open directory (libc's), closed on drop; its entries are read without allocating.
-struct Dir(*mut libc::DIR);
+pub(crate) struct Dir(*mut libc::DIR);
 
 impl Dir {
-    fn open(path: &str) -> Option<Dir> {
+    pub(crate) fn open(path: &str) -> Option<Dir> {
         let path = std::ffi::CString::new(path).ok()?;
         let dir = unsafe { libc::opendir(path.as_ptr()) };
         (!dir.is_null()).then_some(Dir(dir))
     }
 
+    /// The directory's own descriptor, for openat(2) of its entries.
+    pub(crate) fn fd(&self) -> i32 {
+        unsafe { libc::dirfd(self.0) }
+    }
+
     /// Calls `each` with every entry's name that is valid UTF-8.
-    fn for_each(&self, mut each: impl FnMut(&str)) {
+    pub(crate) fn for_each(&self, mut each: impl FnMut(&str)) {
         loop {
             let entry = unsafe { libc::readdir(self.0) };
             if entry.is_null() {

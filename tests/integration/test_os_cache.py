@@ -18,13 +18,18 @@ never read them.
 - The primary's list holds main forks of permanent relations only: not an unlogged table, a
   temporary one, or another fork.
 - ccm_os_prefetch refuses to run on a primary and refuses malformed lists, with SQLSTATEs.
+- Once promoted, a standby drops the WAL it received (the old timeline's segment files) from
+  its page cache, so that its new workload has that memory; with
+  ccm.os_cache_release_old_wal off the same WAL stays cached.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
+import time
 
 import psycopg
 import pytest
@@ -240,3 +245,39 @@ def test_prefetch_refuses_a_primary_and_malformed_lists(cluster):
                 conn.execute("SET ROLE ccm_nobody")
                 conn.execute(f"SELECT * FROM {call}")
         assert denied.value.sqlstate == "42501", denied.value
+
+
+def wal_cached_mb(node: Node, timeline: int) -> float:
+    """MB of the node's WAL segment files of `timeline` in the page cache (fincore)."""
+    files = [str(path) for path in (node.datadir / "pg_wal").iterdir()
+             if re.fullmatch(r"[0-9A-F]{24}(\.partial)?", path.name) and int(path.name[:8], 16) == timeline]
+    if not files:
+        return 0.0
+    # A file removed meanwhile makes fincore fail for it alone; the others are still listed.
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *files],
+                         capture_output=True, text=True).stdout
+    return sum(int(value) for value in out.split()) / 2**20
+
+
+@pytest.mark.every_version
+@pytest.mark.parametrize("release", ["on", "off"])
+def test_a_promoted_standby_drops_the_wal_it_received_from_its_page_cache(release):
+    # wal_keep_size keeps the old timeline's segment files in pg_wal after the promotion's
+    # checkpoint (neither removed nor recycled), so that only pg_ccm can make them leave.
+    with Cluster(settings={"shared_buffers": "'128MB'", "max_wal_size": "'1GB'", "wal_keep_size": "'1GB'"},
+                 standby_settings={"ccm.os_cache_release_old_wal": release}) as cluster:
+        primary, standby = cluster.primary, cluster.standby
+        make_table(primary, "written", 96)
+        cluster.wait_caught_up()
+        received = wal_cached_mb(standby, 1)
+        assert received > 64, f"the standby's page cache holds the WAL it received ({received:.0f} MB)"
+        standby.promote()
+        if release == "on":
+            wait_for("the old timeline's WAL to leave the new primary's page cache",
+                     lambda: wal_cached_mb(standby, 1) < 0.05 * received, timeout=30,
+                     describe=lambda: standby.logfile.read_text(errors="replace")[-3000:])
+            wait_for("the new primary's log to say so",
+                     lambda: "pg_ccm dropped" in standby.logfile.read_text(errors="replace"), timeout=10)
+        else:
+            time.sleep(3)
+            assert wal_cached_mb(standby, 1) > 0.8 * received, "without pg_ccm the received WAL stays cached"

@@ -304,6 +304,22 @@ pub fn segments_of(range: Window, segment_size: u64) -> Range<u64> {
     range.start / segment_size..(range.end - 1) / segment_size + 1
 }
 
+/// The timeline of a WAL segment file's name: 24 hexadecimal digits (XLogFileName's
+/// TTTTTTTTXXXXXXXXYYYYYYYY), or the same with `.partial` (the last segment of an old
+/// timeline that a promotion renamed); None for anything else (`.history` files, archive
+/// status, temporary files).
+pub fn segment_file_timeline(name: &str) -> Option<u32> {
+    let digits = name.strip_suffix(".partial").unwrap_or(name);
+    if digits.len() != 24
+        || !digits
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'A'..=b'F').contains(&b))
+    {
+        return None;
+    }
+    u32::from_str_radix(&digits[..8], 16).ok()
+}
+
 /// PostgreSQL's XLogFileName(): timeline, then the segment number split at 4 GB of WAL.
 pub fn wal_file_name(timeline: u32, segno: u64, segment_size: u64) -> String {
     let segments_per_xlogid = 0x1_0000_0000 / segment_size;
@@ -539,6 +555,33 @@ mod tests {
         assert_eq!(wal_file_name(2, 0x1FF, SEG), "0000000200000001000000FF");
         // 1 GB segments: 4 per xlogid.
         assert_eq!(wal_file_name(0xA, 5, 1 << 30), "0000000A0000000100000001");
+    }
+
+    #[test]
+    fn segment_files_tell_their_timeline_and_nothing_else_does() {
+        assert_eq!(segment_file_timeline("000000010000000000000001"), Some(1));
+        assert_eq!(segment_file_timeline("0000000A0000000100000001"), Some(10));
+        assert_eq!(
+            segment_file_timeline("000000010000000000000003.partial"),
+            Some(1)
+        );
+        assert_eq!(
+            segment_file_timeline(&wal_file_name(7, 0x1FF, SEG)),
+            Some(7)
+        );
+        for other in [
+            "00000002.history",
+            "archive_status",
+            "xlogtemp.1234",
+            "000000010000000000000003.ready",
+            "0000000100000000000000",
+            "0000000100000000000000011",
+            "00000001000000000000000g",
+            "00000001000000000000000a",
+            "",
+        ] {
+            assert_eq!(segment_file_timeline(other), None, "{other}");
+        }
     }
 
     #[test]
