@@ -29,7 +29,7 @@ use pgrx::prelude::*;
 
 use crate::compat;
 use crate::gucs;
-use crate::os_cache::Dir;
+use crate::os_cache::{Dir, ExternalFd};
 
 /// Called from `_PG_init`, after the GUCs are defined.
 pub fn init() {
@@ -54,9 +54,11 @@ struct Released {
 }
 
 /// Advises the kernel to drop every segment file of a timeline before `timeline` in the
-/// directory; stops early on SIGTERM.
+/// directory; stops early on SIGTERM. The directory and each file are opened outside fd.c,
+/// so two descriptors are reserved with it first, as ccm_os_cached_blocks() does.
 fn release_older_than(directory: &str, timeline: u32) -> Released {
     let mut released = Released::default();
+    let _reserved = (ExternalFd::reserve(), ExternalFd::reserve());
     let Some(dir) = Dir::open(directory) else {
         return released;
     };

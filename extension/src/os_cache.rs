@@ -116,10 +116,10 @@ pub fn classify(name: &str) -> FileName {
 }
 
 /// One descriptor reserved with fd.c for the files this call opens itself.
-struct ExternalFd;
+pub(crate) struct ExternalFd;
 
 impl ExternalFd {
-    fn reserve() -> Self {
+    pub(crate) fn reserve() -> Self {
         unsafe { pg_sys::ReserveExternalFD() };
         ExternalFd
     }
