@@ -122,7 +122,10 @@ def test_nothing_is_read_above_the_standbys_headroom(cluster, log_dir):
 def test_the_mirror_outlasts_the_standbys_own_churn(log_dir):
     # The standby's processes, shared_buffers and page cache within 640 MB: the mirrored table
     # (200 MB) fits, but not beside the WAL and the new table of a 200 MB write. Measured on
-    # 18: with pages only advised, 6% of the mirror was left; read back twice, 92%.
+    # 18: with pages only advised, 6% of the mirror was left; read back twice, 92% on an idle
+    # machine and 73% in a CI run with three other test workers beside it (the kernel
+    # deactivates part of the active list as the inactive list refaults, and how much depends
+    # on timing). Half separates the two: most of the mirror outlasts the write, or it does not.
     group = MemoryCgroup("pg_ccm_os_mirror", str(640 * 2**20))
     try:
         cluster = Cluster(settings={"shared_buffers": "'128MB'", "max_wal_size": "'2GB'"},
@@ -143,7 +146,7 @@ def test_the_mirror_outlasts_the_standbys_own_churn(log_dir):
             cluster.wait_caught_up()
             standby.sql("CHECKPOINT")
             kept = resident_share(standby, relpath)
-            assert kept > 0.8, (f"the standby kept {kept:.0%} of the mirrored table; its group holds "
+            assert kept > 0.5, (f"the standby kept {kept:.0%} of the mirrored table; its group holds "
                                 f"{group.page_cache_mb():.0f} MB of page cache")
         finally:
             cluster.destroy()
