@@ -80,6 +80,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from harness.agent import AGENT_BIN, AgentProcess  # noqa: E402
 from harness.cgroups import Budget, MemoryCgroup, NodeCgroups, controller_available, data_device  # noqa: E402
+from harness import pagecache  # noqa: E402
 from harness.wait import wait_for  # noqa: E402
 from harness.cluster import (Cluster, Node, PgVersionError, coverage, pg_bin, pg_version_text, pgbench,  # noqa: E402
                              resolve_pg_versions, use_pg_version)
@@ -704,6 +705,14 @@ class RunResult:
     lacked_at_kill: dict[str, list[int]] = field(default_factory=dict)
     loaded_after_cached_before: dict[str, int] = field(default_factory=dict)
     loaded_after_not_cached_before: dict[str, int] = field(default_factory=dict)
+    # The same for the page cache (with a memory group per node), in MB by relation: the pages
+    # of relation files the primary's page cache held and the standby's lacked at the kill,
+    # and those the new primary's held at the end of its run that the standby's had not held
+    # at the kill, split into those the old primary's had held and those it had not (new
+    # pages the new primary wrote among them).
+    os_lacked_at_kill: dict[str, float] = field(default_factory=dict)
+    os_loaded_after_held_before: dict[str, float] = field(default_factory=dict)
+    os_loaded_after_not_held_before: dict[str, float] = field(default_factory=dict)
 
     @property
     def transactions_in_reads_window(self) -> float:
@@ -814,6 +823,26 @@ def relation_names(node: Node) -> Callable[[BufferTag], str]:
     databases = dict(node.sql("SELECT oid::int8, datname FROM pg_database"))
     return lambda tag: names.get((tag[1], tag[2]), f"file node {tag[2]} of {databases.get(tag[1], f'database {tag[1]}')}") \
         + FORK_NAMES.get(tag[3], "")
+
+
+def file_relation_names(node: Node) -> Callable[[str], str]:
+    """Names the relation of a data file, "base/<database>/<file node>[_fork][.segment]"."""
+    names = relation_names(node)
+
+    def name(path: str) -> str:
+        _, database, file = path.split("/")
+        stem, _, fork = file.split(".")[0].partition("_")
+        return names((0, int(database), int(stem), {"fsm": 1, "vm": 2, "init": 3}.get(fork, 0), 0))
+    return name
+
+
+def page_cache_gaps(primary: pagecache.Residency, standby: pagecache.Residency, new_primary: pagecache.Residency,
+                    name: Callable[[str], str]) -> tuple[dict[str, float], dict[str, float]]:
+    """The new primary's pages at the end that the standby lacked at the kill, in MB by
+    relation: those the old primary held at the kill, and those it did not."""
+    loaded = pagecache.only_in(new_primary, standby)
+    return (pagecache.mb_by_relation(pagecache.in_both(loaded, primary), name),
+            pagecache.mb_by_relation(pagecache.only_in(loaded, primary), name))
 
 
 def lacked_by_relation(primary: dict[BufferTag, int], standby: dict[BufferTag, int],
@@ -1139,9 +1168,16 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
             result.agent_os_cache_coverage = agent.metric("ccm_agent_os_cache_coverage_ratio", -1.0)
             if result.agent_os_cache_coverage < 0:
                 result.agent_os_cache_coverage = None
+        pages_primary = pages_standby = None
         if scenario.node_memory is not None:
             result.primary_files_cached_mb = files_cached_mb(primary)
             result.standby_files_cached_mb = files_cached_mb(standby)
+            file_name = file_relation_names(primary)
+            pages_primary = pagecache.snapshot(primary.datadir)
+            pages_standby = pagecache.snapshot(standby.datadir)
+            result.os_lacked_at_kill = pagecache.mb_by_relation(pagecache.only_in(pages_primary, pages_standby), file_name)
+            say(f"{tag} relation-file pages the primary's page cache held and the standby's lacked at the kill: "
+                f"{fmt_mb_relations(result.os_lacked_at_kill)}")
             say(f"{tag} relation files in the page cache at the kill (vmtouch base/): primary "
                 f"{result.primary_files_cached_mb:.0f} MB, standby {result.standby_files_cached_mb:.0f} MB")
         if budgets is not None and budgets.standby.memory is not None and budgets.primary.memory is not None:
@@ -1226,6 +1262,13 @@ def run_once(scenario: Scenario, template: Path, arm: Arm, args: argparse.Namesp
         result.loaded_after_cached_before, result.loaded_after_not_cached_before = loaded_after(
             buffer_snapshot(standby), snapshot_standby, snapshot_primary, name)
         del snapshot_primary, snapshot_standby
+        if pages_primary is not None:
+            result.os_loaded_after_held_before, result.os_loaded_after_not_held_before = page_cache_gaps(
+                pages_primary, pages_standby, pagecache.snapshot(standby.datadir), file_name)
+            say(f"{tag} relation-file pages in the new primary's page cache at the end that the standby's lacked "
+                f"at the kill: the old primary's held {fmt_mb_relations(result.os_loaded_after_held_before)}; "
+                f"it did not {fmt_mb_relations(result.os_loaded_after_not_held_before)}")
+            del pages_primary, pages_standby
 
         result.tps_before = [[round(warm.started + k - promoted, 2), tps] for k, tps in enumerate(warm.tps, 1)]
         result.tps_after = [[round(after.started + k - promoted, 2), tps] for k, tps in enumerate(after.tps, 1)]
@@ -1391,6 +1434,12 @@ def fmt_lacked(lacked: dict[str, list[int]], top: int = 3) -> str:
     return f"{total:,}: " + ", ".join(parts)
 
 
+def fmt_mb_relations(mb: dict[str, float], top: int = 3) -> str:
+    """"12.3 MB: pgbench_accounts 10.0, ..." for the relations with the most."""
+    total = sum(mb.values())
+    return f"{total:,.1f} MB" + (": " + ", ".join(f"{name} {n:,.1f}" for name, n in list(mb.items())[:top]) if total else "")
+
+
 def fmt_relations(counts: dict[str, int], top: int = 3) -> str:
     total = sum(counts.values())
     return f"{total:,}" + (": " + ", ".join(f"{name} {n:,}" for name, n in list(counts.items())[:top]) if total else "")
@@ -1417,6 +1466,9 @@ def fair_rows(runs: list[RunResult]) -> tuple[list[tuple[str, list[str]]], list[
          [fmt_pct(r.fresh_connections_first_s_pct) for r in runs]),
         ("blocks the primary cached and the standby lacked at the kill (top relations; hot: usage > 3)",
          [fmt_lacked(r.lacked_at_kill) for r in runs]),
+        ("relation-file pages the primary's page cache held and the standby's lacked at the kill",
+         [fmt_mb_relations(r.os_lacked_at_kill) if r.os_lacked_at_kill or r.primary_files_cached_mb is not None else "-"
+          for r in runs]),
     ]
     after = [
         (f"storage reads of the new primary, first {READS_WINDOW} s (pg_stat_io, sampled; blks_read on 15)",
@@ -1497,6 +1549,12 @@ def table_rows(runs: list[RunResult], args: argparse.Namespace) -> list[tuple[st
          [fmt_relations(r.loaded_after_cached_before) for r in runs]),
         ("  ... the old primary had not cached them (the workload's own new reads, and new pages)",
          [fmt_relations(r.loaded_after_not_cached_before) for r in runs]),
+        ("relation-file pages in the new primary's page cache at the end that the standby's lacked at the kill: "
+         "the old primary's page cache held them",
+         [fmt_mb_relations(r.os_loaded_after_held_before) if r.primary_files_cached_mb is not None else "-" for r in runs]),
+        ("  ... the old primary's did not (the workload's own new reads, and new pages)",
+         [fmt_mb_relations(r.os_loaded_after_not_held_before) if r.primary_files_cached_mb is not None else "-"
+          for r in runs]),
         (f"full-page images written per second: old primary, last {window} s", [fmt_count(r.pre_failover_fpi_per_s) for r in runs]),
         (f"full-page images written per second: new primary, first {FIRST_WINDOW} s", [fmt_count(r.first_10s_fpi_per_s) for r in runs]),
         (f"new primary's TPS, last {PRE_WINDOW} s of the run", [fmt_count(r.post_failover_steady_tps) for r in runs]),
