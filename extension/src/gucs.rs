@@ -16,10 +16,10 @@ pub static PREWARM_READAHEAD_THREADS: GucSetting<i32> = GucSetting::<i32>::new(2
 /// `ccm.os_cache_min_free`: megabytes of memory `ccm_os_prefetch` leaves free on a standby.
 pub static OS_CACHE_MIN_FREE: GucSetting<i32> = GucSetting::<i32>::new(1024);
 
-/// `ccm.os_cache_release_old_wal`: whether a node, once out of recovery (a promotion, a
-/// start), drops the WAL of older timelines from its page cache (`old_wal.rs`); read at
-/// server start, when the worker that does it is registered.
-pub static OS_CACHE_RELEASE_OLD_WAL: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// `ccm.os_cache_release_wal`: whether a node drops the WAL every reader has passed from its
+/// page cache (`wal_release.rs`); read at server start, when the worker that does it is
+/// registered.
+pub static OS_CACHE_RELEASE_WAL: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 /// `ccm.logical_wal_cache`: size of the logical WAL cache in WAL pages (8 kB); 0 turns it
 /// off, 1 to 3 are raised to 4 (as Aurora's `rds.logical_wal_cache`). The worker uses at
@@ -100,10 +100,10 @@ pub fn init() {
         GucFlags::UNIT_MB,
     );
     GucRegistry::define_bool_guc(
-        c"ccm.os_cache_release_old_wal",
-        c"Drops the WAL of older timelines from the page cache when recovery ends.",
-        c"A promoted standby's page cache holds the WAL it received, which its new workload never reads; dropping it (posix_fadvise DONTNEED) leaves that memory to relation pages instead of evicting them.",
-        &OS_CACHE_RELEASE_OLD_WAL,
+        c"ccm.os_cache_release_wal",
+        c"Drops WAL that every reader has passed from the page cache.",
+        c"Once replayed (a standby) or flushed, sent to every walsender, past every replication slot and archived, WAL is read by nobody; dropping it (posix_fadvise DONTNEED) leaves that memory to relation pages instead of evicting them.",
+        &OS_CACHE_RELEASE_WAL,
         GucContext::Postmaster,
         GucFlags::default(),
     );

@@ -18,7 +18,7 @@ mod failpoints;
 mod filter;
 mod gucs;
 mod hot_blocks;
-mod old_wal;
+mod wal_release;
 mod os_cache;
 mod prewarm;
 mod prewarm_worker;
@@ -49,7 +49,7 @@ pub extern "C-unwind" fn _PG_init() {
     candidates::init();
     changes::init();
     wal_cache::init();
-    old_wal::init();
+    wal_release::init();
 }
 
 // Where a node's WAL comes from, for the agent's "never warm from the wrong primary" check.

@@ -1,26 +1,41 @@
-//! When recovery ends (a standby promoted, or a server started), the WAL of older timelines
-//! leaves this node's page cache.
+//! WAL that every reader has passed leaves this node's page cache.
 //!
-//! A standby's page cache holds the WAL it received: the WAL receiver writes it and the
-//! startup process reads it, often twice, which puts it on the kernel's active list. Once
-//! the standby is promoted nobody reads that WAL again (the new primary writes a new
-//! timeline), but it still takes memory that the new workload needs. Measured with the
-//! page-cache tier at shared_buffers = 1/4 of a node's memory: 488 MB of received WAL were
-//! cached at the kill, and in its first 7 s the new primary's own WAL and checkpoint pushed
-//! 87 MB of relation files out instead, which it then read again (demo/failover_demo.py's
-//! memory trace; BENCHMARKS.md).
+//! A node's page cache holds the WAL it wrote or received. On a standby the WAL receiver
+//! writes it and the startup process reads it, often twice, which puts it on the kernel's
+//! active list; on a primary each WAL page is written several times as it fills. Either way it
+//! competes with relation pages, and once replayed (a standby) or flushed and sent (a primary)
+//! nobody reads it again. Measured with the page-cache tier at shared_buffers = 1/4 of a node's
+//! memory: the standby held 627 MB of received WAL at the kill and lacked 108 MB of the
+//! relation pages the primary cached, and in its first 30 s the new primary's own WAL (a
+//! promotion's checkpoint makes every first change a full-page image) pushed relation pages out
+//! that it read back: 47,000 disk reads in 60 s. With WAL dropped as described here (an
+//! experiment outside the server): 3 MB lacked, 1,840 reads (BENCHMARKS.md).
 //!
-//! So a background worker registered at server start (when `ccm.os_cache_release_old_wal`
-//! is on) starts once recovery has finished, as the logical WAL cache's does, and calls
-//! posix_fadvise(POSIX_FADV_DONTNEED) on every segment file in pg_wal whose timeline is
-//! older than the one WAL is now written on, then exits for good. PostgreSQL does the same
-//! to WAL it will not read again when nobody streams it (xlog.c, XLogFileClose). The advice
-//! frees clean pages only, so any dirty ones (fsync = off) are written first
-//! (sync_file_range, as pg_flush_data starts writeback); nothing is lost: a later reader of
-//! such a file (a walsender serving the old timeline's tail to a rejoining node, pg_rewind)
-//! reads it from storage. The worker needs no database
-//! connection, takes no lock and touches no shared buffer; it holds one of
-//! max_worker_processes' slots from server start until recovery ends, then frees it.
+//! So a background worker registered at server start (when `ccm.os_cache_release_wal` is on)
+//! runs once the node is consistent (a hot standby) or open (a primary), and once a second
+//! calls posix_fadvise(POSIX_FADV_DONTNEED) on each segment file in pg_wal that lies wholly
+//! below the position every reader has passed (`ccm_walcache::read_by_everyone`): replay on a
+//! standby or the flush on a primary, the oldest position a replication slot keeps
+//! (XLogGetReplicationSlotMinimumLSN(), as the checkpointer's removal of old WAL uses), and
+//! each connected walsender's sent position; a segment the archiver has not archived yet
+//! (`.ready`) waits. PostgreSQL does the same to WAL nobody streams (xlog.c, XLogFileClose, at
+//! wal_level minimal); with replication it does not, because walsenders read what was just
+//! written, which is why their positions bound it here. The advice frees clean, unmapped pages
+//! only: the logical WAL cache's locked window stays, and dirty pages (fsync = off) are written
+//! first (sync_file_range, as pg_flush_data starts writeback). Nothing is lost: a later reader
+//! of such a file (a standby reconnecting without a slot, pg_rewind, crash recovery) reads it
+//! from storage.
+//!
+//! Walsenders' positions are read without their spinlock: `pid` and `sentPtr` are aligned
+//! 4- and 8-byte fields, read with single loads (PostgreSQL relies on 8-byte single-copy
+//! atomicity on the platforms that have it), `sentPtr` only grows while a walsender lives,
+//! and a walsender that has sent nothing yet (0) holds everything back; a stale value only
+//! keeps more WAL cached. The worker needs no database connection, takes no lock but the
+//! spinlock XLogGetReplicationSlotMinimumLSN() holds for one read, touches no buffer, and
+//! holds one of max_worker_processes' slots. Without hot_standby it starts only when recovery
+//! ends.
+
+use std::time::Duration;
 
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
@@ -31,88 +46,155 @@ use crate::compat;
 use crate::gucs;
 use crate::os_cache::{Dir, ExternalFd};
 
+/// How often the worker looks for WAL to drop.
+const NAPTIME: Duration = Duration::from_secs(1);
+/// Every this many looks, files dropped before are advised again: a reader that came later
+/// (a standby connecting without a slot) may have read one back.
+const LOOKS_PER_REVISIT: u32 = 10;
+
 /// Called from `_PG_init`, after the GUCs are defined.
 pub fn init() {
-    if !gucs::OS_CACHE_RELEASE_OLD_WAL.get() {
+    if !gucs::OS_CACHE_RELEASE_WAL.get() {
         return;
     }
-    BackgroundWorkerBuilder::new("pg_ccm old WAL release")
-        .set_type("pg_ccm old WAL release")
+    BackgroundWorkerBuilder::new("pg_ccm WAL release")
+        .set_type("pg_ccm WAL release")
         .set_library("pg_ccm")
-        .set_function("pg_ccm_release_old_wal_main")
+        .set_function("pg_ccm_release_wal_main")
         .enable_shmem_access(None)
-        .set_start_time(BgWorkerStartTime::RecoveryFinished)
-        .set_restart_time(None)
+        .set_start_time(BgWorkerStartTime::ConsistentState)
+        .set_restart_time(Some(Duration::from_secs(10)))
         .load();
 }
 
-/// What one pass released: segment files advised, and their size.
-#[derive(Default)]
-struct Released {
-    files: u64,
-    bytes: u64,
+/// The position below which every reader has read this node's WAL (`read_by_everyone`).
+fn read_by_everyone() -> Option<u64> {
+    let position = if unsafe { pg_sys::RecoveryInProgress() } {
+        unsafe { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()) }
+    } else {
+        compat::wal_flush_position().0
+    };
+    let slot_minimum = unsafe { pg_sys::XLogGetReplicationSlotMinimumLSN() };
+    ccm_walcache::read_by_everyone(position, slot_minimum, walsenders_sent())
 }
 
-/// Advises the kernel to drop every segment file of a timeline before `timeline` in the
-/// directory; stops early on SIGTERM. The directory and each file are opened outside fd.c,
-/// so two descriptors are reserved with it first, as ccm_os_cached_blocks() does.
-fn release_older_than(directory: &str, timeline: u32) -> Released {
-    let mut released = Released::default();
-    let _reserved = (ExternalFd::reserve(), ExternalFd::reserve());
-    let Some(dir) = Dir::open(directory) else {
-        return released;
+/// The sent position of each connected walsender (see the header on reading them).
+fn walsenders_sent() -> impl Iterator<Item = u64> {
+    let control = unsafe { pg_sys::WalSndCtl };
+    let count = if control.is_null() {
+        0
+    } else {
+        unsafe { pg_sys::max_wal_senders }.max(0) as usize
     };
+    (0..count).filter_map(move |index| unsafe {
+        let walsender = (*control).walsnds.as_ptr().add(index);
+        let pid = std::ptr::read_volatile(std::ptr::addr_of!((*walsender).pid));
+        (pid != 0).then(|| std::ptr::read_volatile(std::ptr::addr_of!((*walsender).sentPtr)))
+    })
+}
+
+/// A file name and a suffix in a NUL-terminated buffer on the stack (segment file names are
+/// 24 hex digits, at most with ".partial": no NUL inside).
+fn c_path(prefix: &str, name: &str, suffix: &str) -> Option<[u8; 96]> {
+    let mut path = [0u8; 96];
+    let length = prefix.len() + name.len() + suffix.len();
+    if length >= path.len() {
+        return None;
+    }
+    path[..prefix.len()].copy_from_slice(prefix.as_bytes());
+    path[prefix.len()..prefix.len() + name.len()].copy_from_slice(name.as_bytes());
+    path[prefix.len() + name.len()..length].copy_from_slice(suffix.as_bytes());
+    Some(path)
+}
+
+/// Whether the archiver has yet to archive the segment file.
+fn awaiting_archive(dir: &Dir, name: &str) -> bool {
+    c_path("archive_status/", name, ".ready").is_some_and(|path| unsafe {
+        libc::faccessat(dir.fd(), path.as_ptr().cast(), libc::F_OK, 0) == 0
+    })
+}
+
+/// Writes any dirty pages of the file, then advises the kernel to drop it; its size when it did.
+fn release(dir: &Dir, name: &str) -> Option<u64> {
+    let path = c_path("", name, "")?;
+    let fd = unsafe {
+        libc::openat(
+            dir.fd(),
+            path.as_ptr().cast(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None; // removed meanwhile by a checkpoint: its pages went with it
+    }
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    let released = unsafe {
+        libc::fstat(fd, &mut stat) == 0
+            && libc::sync_file_range(fd, 0, 0, flags) == 0
+            && libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) == 0
+    };
+    unsafe { libc::close(fd) };
+    released.then_some(stat.st_size.max(0) as u64)
+}
+
+/// Drops the segment files numbered from `done_below` up to `below` (not included) that the
+/// archiver is done with; returns the number below which every file is done. The directory
+/// and each file are opened outside fd.c, so two descriptors are reserved with it first, as
+/// ccm_os_cached_blocks() does.
+fn release_below(done_below: u64, below: u64, segment_size: u64) -> u64 {
+    if below <= done_below {
+        return done_below;
+    }
+    let _reserved = (ExternalFd::reserve(), ExternalFd::reserve());
+    let Some(dir) = Dir::open("pg_wal") else {
+        return done_below;
+    };
+    let (mut done, mut files, mut bytes) = (below, 0u64, 0u64);
     dir.for_each(|name| {
-        if BackgroundWorker::sigterm_received() {
+        let Some((_, segno)) = ccm_walcache::segment_file(name, segment_size) else {
             return;
-        }
-        if !ccm_walcache::segment_file_timeline(name).is_some_and(|tli| tli < timeline) {
-            return;
-        }
-        // A segment file name is 24 hex digits, at most with ".partial": no NUL inside.
-        let mut path = [0u8; 64];
-        path[..name.len()].copy_from_slice(name.as_bytes());
-        let fd = unsafe {
-            libc::openat(
-                dir.fd(),
-                path.as_ptr().cast(),
-                libc::O_RDONLY | libc::O_CLOEXEC,
-            )
         };
-        if fd < 0 {
-            return; // removed meanwhile by a checkpoint: its pages went with it
+        if segno < done_below || segno >= below || BackgroundWorker::sigterm_received() {
+            return;
         }
-        // Dirty pages are not dropped: write them first (none with fsync on, where the WAL
-        // receiver flushed them; with fsync off, what the kernel would write within
-        // dirty_expire_centisecs anyway), then advise.
-        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-            | libc::SYNC_FILE_RANGE_WRITE
-            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstat(fd, &mut stat) } == 0
-            && unsafe { libc::sync_file_range(fd, 0, 0, flags) } == 0
-            && unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) } == 0
-        {
-            released.files += 1;
-            released.bytes += stat.st_size.max(0) as u64;
+        if awaiting_archive(&dir, name) {
+            done = done.min(segno);
+        } else if let Some(size) = release(&dir, name) {
+            files += 1;
+            bytes += size;
         }
-        unsafe { libc::close(fd) };
     });
-    released
+    if files > 0 {
+        debug1!(
+            "pg_ccm dropped {} WAL segment files ({} MB) below segment {} from the page cache",
+            files,
+            bytes >> 20,
+            below
+        );
+    }
+    done
 }
 
 #[pg_guard]
 #[unsafe(no_mangle)]
-pub extern "C-unwind" fn pg_ccm_release_old_wal_main(_argument: pg_sys::Datum) {
+pub extern "C-unwind" fn pg_ccm_release_wal_main(_argument: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGTERM);
-    let (_, timeline) = compat::wal_flush_position();
-    let released = release_older_than("pg_wal", timeline);
-    if released.files > 0 {
-        log!(
-            "pg_ccm dropped {} WAL segment files of timelines before {} ({} MB) from the page cache",
-            released.files,
-            timeline,
-            released.bytes >> 20
-        );
+    let segment_size = unsafe { pg_sys::wal_segment_size }.max(1) as u64;
+    let mut done_below = 0;
+    let mut looks_to_revisit = 0;
+    loop {
+        if looks_to_revisit == 0 {
+            (done_below, looks_to_revisit) = (0, LOOKS_PER_REVISIT);
+        }
+        looks_to_revisit -= 1;
+        if let Some(position) = read_by_everyone() {
+            done_below = release_below(done_below, position / segment_size, segment_size);
+        }
+        if !BackgroundWorker::wait_latch(Some(NAPTIME)) {
+            return;
+        }
     }
 }

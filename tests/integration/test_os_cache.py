@@ -18,9 +18,10 @@ never read them.
 - The primary's list holds main forks of permanent relations only: not an unlogged table, a
   temporary one, or another fork.
 - ccm_os_prefetch refuses to run on a primary and refuses malformed lists, with SQLSTATEs.
-- Once promoted, a standby drops the WAL it received (the old timeline's segment files) from
-  its page cache, so that its new workload has that memory; with
-  ccm.os_cache_release_old_wal off the same WAL stays cached.
+- WAL every reader has passed leaves the page cache: a standby's once replayed, a primary's
+  once sent to the standby and past every replication slot (a slot of a standby that is away
+  keeps its WAL cached), a promoted standby's new WAL too; with ccm.os_cache_release_wal off
+  the same WAL stays cached.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import pytest
 from harness.agent import AgentProcess, run_agent_json
 from harness.cgroups import MemoryCgroup, controller_available
 from harness.cluster import Cluster, Node, make_table, read
-from harness.logical import resident_bytes
+from harness.logical import lsn_to_int, resident_bytes
 from harness.wait import wait_for
 
 # Slices of the whole data directory at once: the tests' clusters are small.
@@ -128,8 +129,10 @@ def test_the_mirror_outlasts_the_standbys_own_churn(log_dir):
     # on timing). Half separates the two: most of the mirror outlasts the write, or it does not.
     group = MemoryCgroup("pg_ccm_os_mirror", str(640 * 2**20))
     try:
+        # The standby keeps the WAL it replayed cached (ccm.os_cache_release_wal off), so that
+        # the mirror competes with it, as it did before that setting.
         cluster = Cluster(settings={"shared_buffers": "'128MB'", "max_wal_size": "'2GB'"},
-                          standby_settings={"ccm.os_cache_min_free": "'32MB'"})
+                          standby_settings={"ccm.os_cache_min_free": "'32MB'", "ccm.os_cache_release_wal": "off"})
         cluster.standby.wrapper = group.wrapper
         try:
             cluster.create()
@@ -251,37 +254,64 @@ def test_prefetch_refuses_a_primary_and_malformed_lists(cluster):
         assert denied.value.sqlstate == "42501", denied.value
 
 
-def wal_cached_mb(node: Node, timeline: int) -> float:
-    """MB of the node's WAL segment files of `timeline` in the page cache (fincore)."""
-    cached = 0
+SEGMENT = 16 * 2**20
+
+
+def wal_cached_share(node: Node, start: int = 0, end: int = 2**64) -> float:
+    """The share of the node's WAL segment files lying wholly between the LSNs `start` and `end`
+    (any timeline) that the page cache holds (fincore); 0 when there are none."""
+    cached = size = 0
     for path in (node.datadir / "pg_wal").iterdir():
-        if re.fullmatch(r"[0-9A-F]{24}(\.partial)?", path.name) and int(path.name[:8], 16) == timeline:
-            try:
-                cached += resident_bytes(path)
-            except subprocess.CalledProcessError:
-                pass  # removed meanwhile: none of it is cached any more
-    return cached / 2**20
+        if not re.fullmatch(r"[0-9A-F]{24}(\.partial)?", path.name):
+            continue
+        segno = int(path.name[8:16], 16) * 256 + int(path.name[16:24], 16)
+        if segno * SEGMENT < start or (segno + 1) * SEGMENT > end:
+            continue
+        try:
+            cached += resident_bytes(path)
+            size += path.stat().st_size
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            pass  # removed meanwhile: none of it is cached any more
+    return cached / size if size else 0.0
+
+
+def position(node: Node, query: str) -> int:
+    return lsn_to_int(node.one(f"SELECT ({query})::text"))
 
 
 @pytest.mark.every_version
 @pytest.mark.parametrize("release", ["on", "off"])
-def test_a_promoted_standby_drops_the_wal_it_received_from_its_page_cache(release):
-    # wal_keep_size keeps the old timeline's segment files in pg_wal after the promotion's
-    # checkpoint (neither removed nor recycled), so that only pg_ccm can make them leave.
-    with Cluster(settings={"shared_buffers": "'128MB'", "max_wal_size": "'1GB'", "wal_keep_size": "'1GB'"},
-                 standby_settings={"ccm.os_cache_release_old_wal": release}) as cluster:
+def test_wal_every_reader_has_passed_leaves_the_page_cache(release):
+    # wal_keep_size keeps the segment files in pg_wal (neither removed nor recycled), so that
+    # only pg_ccm can make them leave the page cache; the logical WAL cache, which maps and
+    # locks the newest WAL for logical walsenders (pages no advice can drop), is off.
+    with Cluster(settings={"shared_buffers": "'128MB'", "max_wal_size": "'1GB'", "wal_keep_size": "'1GB'",
+                           "ccm.os_cache_release_wal": release, "ccm.logical_wal_cache": 0}) as cluster:
         primary, standby = cluster.primary, cluster.standby
+        # The slot of a standby that is away: the WAL after it is for that standby to read.
+        held = position(primary, "SELECT lsn FROM pg_create_physical_replication_slot('away', true)")
         make_table(primary, "written", 96)
         cluster.wait_caught_up()
-        received = wal_cached_mb(standby, 1)
-        assert received > 64, f"the standby's page cache holds the WAL it received ({received:.0f} MB)"
-        standby.promote()
+        replayed = position(standby, "SELECT pg_last_wal_replay_lsn()")
+        assert replayed - held > 64 * 2**20
         if release == "on":
-            wait_for("the old timeline's WAL to leave the new primary's page cache",
-                     lambda: wal_cached_mb(standby, 1) < 0.05 * received, timeout=30,
-                     describe=lambda: standby.logfile.read_text(errors="replace")[-3000:])
-            wait_for("the new primary's log to say so",
-                     lambda: "pg_ccm dropped" in standby.logfile.read_text(errors="replace"), timeout=10)
+            wait_for("the WAL the standby replayed to leave its page cache",
+                     lambda: wal_cached_share(standby, end=replayed) < 0.05, timeout=30)
         else:
             time.sleep(3)
-            assert wal_cached_mb(standby, 1) > 0.8 * received, "without pg_ccm the received WAL stays cached"
+            assert wal_cached_share(standby, end=replayed) > 0.8, "without pg_ccm the replayed WAL stays cached"
+        kept = wal_cached_share(primary, held, replayed)
+        assert kept > 0.8, f"the primary kept {kept:.0%} of the WAL after the slot of a standby that is away"
+        primary.sql("SELECT pg_drop_replication_slot('away')")
+        sent = position(primary, "SELECT min(sent_lsn) FROM pg_stat_replication")
+        if release == "on":
+            wait_for("the WAL every reader has passed to leave the primary's page cache",
+                     lambda: wal_cached_share(primary, end=sent) < 0.05, timeout=30)
+            standby.promote()
+            promoted = position(standby, "SELECT pg_current_wal_lsn()")
+            make_table(standby, "written_after", 48)
+            flushed = position(standby, "SELECT pg_current_wal_flush_lsn()")
+            wait_for("the new primary's own WAL to leave its page cache",
+                     lambda: wal_cached_share(standby, promoted, flushed) < 0.05, timeout=30)
+        else:
+            assert wal_cached_share(primary, end=sent) > 0.8

@@ -304,11 +304,11 @@ pub fn segments_of(range: Window, segment_size: u64) -> Range<u64> {
     range.start / segment_size..(range.end - 1) / segment_size + 1
 }
 
-/// The timeline of a WAL segment file's name: 24 hexadecimal digits (XLogFileName's
-/// TTTTTTTTXXXXXXXXYYYYYYYY), or the same with `.partial` (the last segment of an old
-/// timeline that a promotion renamed); None for anything else (`.history` files, archive
-/// status, temporary files).
-pub fn segment_file_timeline(name: &str) -> Option<u32> {
+/// The timeline and segment number of a WAL segment file, from its name (24 upper-case hex
+/// digits, TTTTTTTTXXXXXXXXYYYYYYYY, as PostgreSQL's XLogFromFileName() reads it), or of the
+/// same with `.partial` (the last segment of an old timeline that a promotion renamed); None
+/// for anything else (`.history` files, archive status, temporary files).
+pub fn segment_file(name: &str, segment_size: u64) -> Option<(u32, u64)> {
     let digits = name.strip_suffix(".partial").unwrap_or(name);
     if digits.len() != 24
         || !digits
@@ -317,7 +317,34 @@ pub fn segment_file_timeline(name: &str) -> Option<u32> {
     {
         return None;
     }
-    u32::from_str_radix(&digits[..8], 16).ok()
+    let segments_per_xlogid = 0x1_0000_0000 / segment_size.max(1);
+    let timeline = u32::from_str_radix(&digits[..8], 16).ok()?;
+    let high = u64::from_str_radix(&digits[8..16], 16).ok()?;
+    let low = u64::from_str_radix(&digits[16..], 16).ok()?;
+    (low < segments_per_xlogid).then_some((timeline, high * segments_per_xlogid + low))
+}
+
+/// The WAL position below which nobody will read a node's WAL again: the lowest of the
+/// position its own work has reached (`position`: replay on a standby, the flush on a
+/// primary), the oldest a replication slot keeps (`slot_minimum`, 0 when there is no slot)
+/// and what each connected walsender has sent (`walsenders_sent`). None while a walsender
+/// has sent nothing yet: it may start anywhere.
+pub fn read_by_everyone(
+    position: u64,
+    slot_minimum: u64,
+    walsenders_sent: impl IntoIterator<Item = u64>,
+) -> Option<u64> {
+    let mut limit = position;
+    if slot_minimum != 0 {
+        limit = limit.min(slot_minimum);
+    }
+    for sent in walsenders_sent {
+        if sent == 0 {
+            return None;
+        }
+        limit = limit.min(sent);
+    }
+    Some(limit)
 }
 
 /// PostgreSQL's XLogFileName(): timeline, then the segment number split at 4 GB of WAL.
@@ -558,17 +585,26 @@ mod tests {
     }
 
     #[test]
-    fn segment_files_tell_their_timeline_and_nothing_else_does() {
-        assert_eq!(segment_file_timeline("000000010000000000000001"), Some(1));
-        assert_eq!(segment_file_timeline("0000000A0000000100000001"), Some(10));
+    fn segment_files_tell_their_timeline_and_number_and_nothing_else_does() {
+        assert_eq!(segment_file("000000010000000000000001", SEG), Some((1, 1)));
         assert_eq!(
-            segment_file_timeline("000000010000000000000003.partial"),
-            Some(1)
+            segment_file("0000000A0000000100000001", SEG),
+            Some((10, 0x101))
         );
         assert_eq!(
-            segment_file_timeline(&wal_file_name(7, 0x1FF, SEG)),
-            Some(7)
+            segment_file("000000010000000000000003.partial", SEG),
+            Some((1, 3))
         );
+        assert_eq!(
+            segment_file(&wal_file_name(7, 0x1FF, SEG), SEG),
+            Some((7, 0x1FF))
+        );
+        // 1 GB segments: four per 4 GB of WAL, so a low part of 4 is no segment.
+        assert_eq!(
+            segment_file("000000010000000200000003", 1 << 30),
+            Some((1, 11))
+        );
+        assert_eq!(segment_file("000000010000000200000004", 1 << 30), None);
         for other in [
             "00000002.history",
             "archive_status",
@@ -580,8 +616,29 @@ mod tests {
             "00000001000000000000000a",
             "",
         ] {
-            assert_eq!(segment_file_timeline(other), None, "{other}");
+            assert_eq!(segment_file(other, SEG), None, "{other}");
         }
+    }
+
+    #[test]
+    fn wal_is_read_by_everyone_below_the_slowest_reader() {
+        assert_eq!(read_by_everyone(900, 0, []), Some(900));
+        assert_eq!(
+            read_by_everyone(900, 400, []),
+            Some(400),
+            "a slot keeps its WAL"
+        );
+        assert_eq!(
+            read_by_everyone(900, 0, [950, 700]),
+            Some(700),
+            "so does a walsender"
+        );
+        assert_eq!(read_by_everyone(300, 400, [950]), Some(300));
+        assert_eq!(
+            read_by_everyone(900, 400, [950, 0]),
+            None,
+            "a walsender that sent nothing yet may start anywhere"
+        );
     }
 
     #[test]
