@@ -15,25 +15,25 @@
 //! runs once the node is consistent (a hot standby) or open (a primary), and once a second
 //! calls posix_fadvise(POSIX_FADV_DONTNEED) on each segment file in pg_wal that lies wholly
 //! below the position every reader has passed (`ccm_walcache::read_by_everyone`): replay on a
-//! standby or the flush on a primary, the oldest position a replication slot keeps
-//! (XLogGetReplicationSlotMinimumLSN(), as the checkpointer's removal of old WAL uses), and
-//! each connected walsender's sent position; a segment the archiver has not archived yet
-//! (`.ready`) waits. PostgreSQL does the same to WAL nobody streams (xlog.c, XLogFileClose, at
-//! wal_level minimal); with replication it does not, because walsenders read what was just
-//! written, which is why their positions bound it here. The advice frees clean, unmapped pages
-//! only: the logical WAL cache's locked window stays, and dirty pages (fsync = off) are written
-//! first (sync_file_range, as pg_flush_data starts writeback). Nothing is lost: a later reader
-//! of such a file (a standby reconnecting without a slot, pg_rewind, crash recovery) reads it
-//! from storage.
+//! standby or the flush on a primary, each connected walsender's sent position, and the
+//! oldest `restart_lsn` of the logical slots (decoding through one starts reading there); a
+//! segment the archiver has not archived yet (`.ready`) waits. A physical slot bounds nothing
+//! by itself: while its standby streams, that walsender's position does, and a standby that
+//! is away (or one connecting without a slot, pg_rewind, crash recovery) reads its WAL from
+//! storage when it comes, which is sequential and which the relation pages it would otherwise
+//! evict are not. PostgreSQL drops WAL the same way when nobody streams it (xlog.c,
+//! XLogFileClose, at wal_level minimal); with replication it does not, because walsenders read
+//! what was just written, which is why their positions bound it here. The advice frees clean,
+//! unmapped pages only: the logical WAL cache's mapped window stays, and dirty pages (fsync =
+//! off) are written first (sync_file_range, as pg_flush_data starts writeback). Files dropped
+//! are advised again every 10 s, in case a late reader read one back.
 //!
-//! Walsenders' positions are read without their spinlock: `pid` and `sentPtr` are aligned
-//! 4- and 8-byte fields, read with single loads (PostgreSQL relies on 8-byte single-copy
-//! atomicity on the platforms that have it), `sentPtr` only grows while a walsender lives,
-//! and a walsender that has sent nothing yet (0) holds everything back; a stale value only
-//! keeps more WAL cached. The worker needs no database connection, takes no lock but the
-//! spinlock XLogGetReplicationSlotMinimumLSN() holds for one read, touches no buffer, and
-//! holds one of max_worker_processes' slots. Without hot_standby it starts only when recovery
-//! ends.
+//! Walsenders and slots are read as the logical WAL cache reads them (`wal_cache::slots`:
+//! aligned fields with single loads, the slots under ReplicationSlotControlLock in shared
+//! mode, for a moment); a walsender that has sent nothing yet (0) holds everything back, and
+//! a stale value only keeps more WAL cached. The worker needs no database connection, touches
+//! no buffer, and holds one of max_worker_processes' slots. Without hot_standby it starts only
+//! when recovery ends.
 
 use std::time::Duration;
 
@@ -45,6 +45,7 @@ use pgrx::prelude::*;
 use crate::compat;
 use crate::gucs;
 use crate::os_cache::{Dir, ExternalFd};
+use crate::wal_cache::slots;
 
 /// How often the worker looks for WAL to drop.
 const NAPTIME: Duration = Duration::from_secs(1);
@@ -74,23 +75,12 @@ fn read_by_everyone() -> Option<u64> {
     } else {
         compat::wal_flush_position().0
     };
-    let slot_minimum = unsafe { pg_sys::XLogGetReplicationSlotMinimumLSN() };
-    ccm_walcache::read_by_everyone(position, slot_minimum, walsenders_sent())
-}
-
-/// The sent position of each connected walsender (see the header on reading them).
-fn walsenders_sent() -> impl Iterator<Item = u64> {
-    let control = unsafe { pg_sys::WalSndCtl };
-    let count = if control.is_null() {
-        0
-    } else {
-        unsafe { pg_sys::max_wal_senders }.max(0) as usize
-    };
-    (0..count).filter_map(move |index| unsafe {
-        let walsender = (*control).walsnds.as_ptr().add(index);
-        let pid = std::ptr::read_volatile(std::ptr::addr_of!((*walsender).pid));
-        (pid != 0).then(|| std::ptr::read_volatile(std::ptr::addr_of!((*walsender).sentPtr)))
-    })
+    let walsenders = slots::walsender_positions();
+    ccm_walcache::read_by_everyone(
+        position,
+        slots::logical_restart_minimum(),
+        walsenders.iter().map(|&(_, sent)| sent),
+    )
 }
 
 /// A file name and a suffix in a NUL-terminated buffer on the stack (segment file names are

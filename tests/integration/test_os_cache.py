@@ -19,8 +19,8 @@ never read them.
   temporary one, or another fork.
 - ccm_os_prefetch refuses to run on a primary and refuses malformed lists, with SQLSTATEs.
 - WAL every reader has passed leaves the page cache: a standby's once replayed, a primary's
-  once sent to the standby and past every replication slot (a slot of a standby that is away
-  keeps its WAL cached), a promoted standby's new WAL too; with ccm.os_cache_release_wal off
+  once sent to the standby and past every logical slot's restart_lsn (not a physical slot's
+  whose standby is away), a promoted standby's new WAL too; with ccm.os_cache_release_wal off
   the same WAL stays cached.
 """
 
@@ -286,10 +286,13 @@ def test_wal_every_reader_has_passed_leaves_the_page_cache(release):
     # only pg_ccm can make them leave the page cache; the logical WAL cache, which maps and
     # locks the newest WAL for logical walsenders (pages no advice can drop), is off.
     with Cluster(settings={"shared_buffers": "'128MB'", "max_wal_size": "'1GB'", "wal_keep_size": "'1GB'",
-                           "ccm.os_cache_release_wal": release, "ccm.logical_wal_cache": 0}) as cluster:
+                           "wal_level": "logical", "ccm.os_cache_release_wal": release,
+                           "ccm.logical_wal_cache": 0}) as cluster:
         primary, standby = cluster.primary, cluster.standby
-        # The slot of a standby that is away: the WAL after it is for that standby to read.
-        held = position(primary, "SELECT lsn FROM pg_create_physical_replication_slot('away', true)")
+        # Decoding through a logical slot starts at its restart_lsn: the WAL after it stays.
+        # A physical slot's standby that is away reads its WAL from storage when it comes back.
+        held = position(primary, "SELECT lsn FROM pg_create_logical_replication_slot('decoding', 'pgoutput')")
+        primary.sql("SELECT pg_create_physical_replication_slot('away', true)")
         make_table(primary, "written", 96)
         cluster.wait_caught_up()
         replayed = position(standby, "SELECT pg_last_wal_replay_lsn()")
@@ -301,8 +304,8 @@ def test_wal_every_reader_has_passed_leaves_the_page_cache(release):
             time.sleep(3)
             assert wal_cached_share(standby, end=replayed) > 0.8, "without pg_ccm the replayed WAL stays cached"
         kept = wal_cached_share(primary, held, replayed)
-        assert kept > 0.8, f"the primary kept {kept:.0%} of the WAL after the slot of a standby that is away"
-        primary.sql("SELECT pg_drop_replication_slot('away')")
+        assert kept > 0.8, f"the primary kept {kept:.0%} of the WAL after a logical slot's restart_lsn"
+        primary.sql("SELECT pg_drop_replication_slot('decoding')")
         sent = position(primary, "SELECT min(sent_lsn) FROM pg_stat_replication")
         if release == "on":
             wait_for("the WAL every reader has passed to leave the primary's page cache",

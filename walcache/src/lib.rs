@@ -326,17 +326,17 @@ pub fn segment_file(name: &str, segment_size: u64) -> Option<(u32, u64)> {
 
 /// The WAL position below which nobody will read a node's WAL again: the lowest of the
 /// position its own work has reached (`position`: replay on a standby, the flush on a
-/// primary), the oldest a replication slot keeps (`slot_minimum`, 0 when there is no slot)
-/// and what each connected walsender has sent (`walsenders_sent`). None while a walsender
-/// has sent nothing yet: it may start anywhere.
+/// primary), where decoding through a logical slot would start (`logical_restart`, 0 when
+/// there is none) and what each connected walsender has sent (`walsenders_sent`). None while
+/// a walsender has sent nothing yet: it may start anywhere.
 pub fn read_by_everyone(
     position: u64,
-    slot_minimum: u64,
+    logical_restart: u64,
     walsenders_sent: impl IntoIterator<Item = u64>,
 ) -> Option<u64> {
     let mut limit = position;
-    if slot_minimum != 0 {
-        limit = limit.min(slot_minimum);
+    if logical_restart != 0 {
+        limit = limit.min(logical_restart);
     }
     for sent in walsenders_sent {
         if sent == 0 {
@@ -626,7 +626,7 @@ mod tests {
         assert_eq!(
             read_by_everyone(900, 400, []),
             Some(400),
-            "a slot keeps its WAL"
+            "a logical slot keeps its WAL"
         );
         assert_eq!(
             read_by_everyone(900, 0, [950, 700]),

@@ -13,7 +13,7 @@ use pgrx::bgworkers::{BackgroundWorkerBuilder, BgWorkerStartTime};
 mod functions;
 mod segments;
 mod shared;
-mod slots;
+pub(crate) mod slots;
 mod worker;
 
 /// The `ccm.logical_wal_cache` setting in WAL pages; 0 when the cache is off.

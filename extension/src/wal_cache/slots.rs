@@ -59,7 +59,7 @@ unsafe fn volatile<T: Copy>(field: *const T) -> T {
 }
 
 /// The `sentPtr` of each live walsender, by process id.
-fn walsender_positions() -> Vec<(i32, u64)> {
+pub fn walsender_positions() -> Vec<(i32, u64)> {
     let mut positions = Vec::new();
     unsafe {
         let ctl = pg_sys::WalSndCtl;
@@ -98,15 +98,14 @@ unsafe fn slot_name(slot: *const pg_sys::ReplicationSlot) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// Every logical slot in use, oldest index first.
-pub fn logical_slots() -> Vec<LogicalSlot> {
-    let senders = walsender_positions();
-    let mut slots = Vec::new();
+/// Calls `each` with the index and address of every logical slot in use, holding
+/// `ReplicationSlotControlLock` in shared mode meanwhile.
+fn each_logical_slot(mut each: impl FnMut(usize, *const pg_sys::ReplicationSlot)) {
     let _lock = SlotControlShared::acquire();
     unsafe {
         let ctl = pg_sys::ReplicationSlotCtl;
         if ctl.is_null() {
-            return slots;
+            return;
         }
         let array = addr_of!((*ctl).replication_slots).cast::<pg_sys::ReplicationSlot>();
         for index in 0..pg_sys::max_replication_slots.max(0) as usize {
@@ -116,21 +115,43 @@ pub fn logical_slots() -> Vec<LogicalSlot> {
             {
                 continue; // free, or a physical slot
             }
-            let name = slot_name(slot);
-            let active_pid = volatile(addr_of!((*slot).active_pid));
-            let mut position = volatile(addr_of!((*slot).data.confirmed_flush));
-            if active_pid != 0 {
-                if let Some(&(_, sent)) = senders.iter().find(|(pid, _)| *pid == active_pid) {
-                    position = position.max(sent);
-                }
-            }
-            slots.push(LogicalSlot {
-                index,
-                name,
-                active_pid,
-                position,
-            });
+            each(index, slot);
         }
     }
+}
+
+/// The oldest `restart_lsn` of the logical slots in use (0 when there is none): where
+/// decoding through any of them starts reading WAL again.
+pub fn logical_restart_minimum() -> u64 {
+    let mut minimum = 0u64;
+    each_logical_slot(|_, slot| {
+        let restart = unsafe { volatile(addr_of!((*slot).data.restart_lsn)) };
+        if restart != 0 && (minimum == 0 || restart < minimum) {
+            minimum = restart;
+        }
+    });
+    minimum
+}
+
+/// Every logical slot in use, oldest index first.
+pub fn logical_slots() -> Vec<LogicalSlot> {
+    let senders = walsender_positions();
+    let mut slots = Vec::new();
+    each_logical_slot(|index, slot| unsafe {
+        let name = slot_name(slot);
+        let active_pid = volatile(addr_of!((*slot).active_pid));
+        let mut position = volatile(addr_of!((*slot).data.confirmed_flush));
+        if active_pid != 0 {
+            if let Some(&(_, sent)) = senders.iter().find(|(pid, _)| *pid == active_pid) {
+                position = position.max(sent);
+            }
+        }
+        slots.push(LogicalSlot {
+            index,
+            name,
+            active_pid,
+            position,
+        });
+    });
     slots
 }
