@@ -16,8 +16,11 @@
 //! calls posix_fadvise(POSIX_FADV_DONTNEED) on each segment file in pg_wal that lies wholly
 //! below the position every reader has passed (`ccm_walcache::read_by_everyone`): replay on a
 //! standby or the flush on a primary, each connected walsender's sent position, and the
-//! oldest `restart_lsn` of the logical slots (decoding through one starts reading there); a
-//! segment the archiver has not archived yet (`.ready`) waits. A physical slot bounds nothing
+//! oldest `restart_lsn` of the logical slots (decoding through one starts reading there), and
+//! on a primary the start of the logical WAL cache's window (the newest
+//! `ccm.logical_wal_cache` of WAL, which that cache locks in memory for logical walsenders; a
+//! page dropped before it is locked would be read back from storage); a segment the archiver
+//! has not archived yet (`.ready`) waits. A physical slot bounds nothing
 //! by itself: while its standby streams, that walsender's position does, and a standby that
 //! is away (or one connecting without a slot, pg_rewind, crash recovery) reads its WAL from
 //! storage when it comes, which is sequential and which the relation pages it would otherwise
@@ -45,7 +48,7 @@ use pgrx::prelude::*;
 use crate::compat;
 use crate::gucs;
 use crate::os_cache::{Dir, ExternalFd};
-use crate::wal_cache::slots;
+use crate::wal_cache::{self, slots};
 
 /// How often the worker looks for WAL to drop.
 const NAPTIME: Duration = Duration::from_secs(1);
@@ -69,16 +72,20 @@ pub fn init() {
 }
 
 /// The position below which every reader has read this node's WAL (`read_by_everyone`).
-fn read_by_everyone() -> Option<u64> {
-    let position = if unsafe { pg_sys::RecoveryInProgress() } {
-        unsafe { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()) }
+/// `cache_pages`: the logical WAL cache's size; on a primary it keeps its newest WAL.
+fn read_by_everyone(cache_pages: u64) -> Option<u64> {
+    let (position, cache_start) = if unsafe { pg_sys::RecoveryInProgress() } {
+        let replay = unsafe { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()) };
+        (replay, 0)
     } else {
-        compat::wal_flush_position().0
+        let flush = compat::wal_flush_position().0;
+        let window = ccm_walcache::Window::newest(flush, cache_pages);
+        (flush, if cache_pages > 0 { window.start } else { 0 })
     };
     let walsenders = slots::walsender_positions();
     ccm_walcache::read_by_everyone(
         position,
-        slots::logical_restart_minimum(),
+        [slots::logical_restart_minimum(), cache_start],
         walsenders.iter().map(|&(_, sent)| sent),
     )
 }
@@ -173,6 +180,7 @@ fn release_below(done_below: u64, below: u64, segment_size: u64) -> u64 {
 pub extern "C-unwind" fn pg_ccm_release_wal_main(_argument: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGTERM);
     let segment_size = unsafe { pg_sys::wal_segment_size }.max(1) as u64;
+    let cache_pages = wal_cache::cache_pages();
     let mut done_below = 0;
     let mut looks_to_revisit = 0;
     loop {
@@ -180,7 +188,7 @@ pub extern "C-unwind" fn pg_ccm_release_wal_main(_argument: pg_sys::Datum) {
             (done_below, looks_to_revisit) = (0, LOOKS_PER_REVISIT);
         }
         looks_to_revisit -= 1;
-        if let Some(position) = read_by_everyone() {
+        if let Some(position) = read_by_everyone(cache_pages) {
             done_below = release_below(done_below, position / segment_size, segment_size);
         }
         if !BackgroundWorker::wait_latch(Some(NAPTIME)) {
