@@ -27,9 +27,11 @@
 //! evict are not. PostgreSQL drops WAL the same way when nobody streams it (xlog.c,
 //! XLogFileClose, at wal_level minimal); with replication it does not, because walsenders read
 //! what was just written, which is why their positions bound it here. The advice frees clean,
-//! unmapped pages only: the logical WAL cache's mapped window stays, and dirty pages (fsync =
-//! off) are written first (sync_file_range, as pg_flush_data starts writeback). Files dropped
-//! are advised again every 10 s, in case a late reader read one back.
+//! unmapped pages only: the logical WAL cache's mapped window stays, and dirty pages (with
+//! fsync = off) only have their writeback started by it (WB_SYNC_NONE), so files dropped are
+//! advised again every 5 s, which drops them once written and any a late reader read back.
+//! Nothing here waits for I/O: a first version waited for the writeback (sync_file_range with
+//! WAIT_AFTER), which under a loaded disk kept a fast shutdown waiting for it for minutes.
 //!
 //! Walsenders and slots are read as the logical WAL cache reads them (`wal_cache::slots`:
 //! aligned fields with single loads, the slots under ReplicationSlotControlLock in shared
@@ -52,9 +54,10 @@ use crate::wal_cache::{self, slots};
 
 /// How often the worker looks for WAL to drop.
 const NAPTIME: Duration = Duration::from_secs(1);
-/// Every this many looks, files dropped before are advised again: a reader that came later
-/// (a standby connecting without a slot) may have read one back.
-const LOOKS_PER_REVISIT: u32 = 10;
+/// Every this many looks, files dropped before are advised again: pages that were dirty are
+/// written by then, and a reader that came later (a standby connecting without a slot) may
+/// have read some back.
+const LOOKS_PER_REVISIT: u32 = 5;
 
 /// Called from `_PG_init`, after the GUCs are defined.
 pub fn init() {
@@ -111,7 +114,8 @@ fn awaiting_archive(dir: &Dir, name: &str) -> bool {
     })
 }
 
-/// Writes any dirty pages of the file, then advises the kernel to drop it; its size when it did.
+/// Advises the kernel to drop the file (its clean pages; the advice starts writing dirty
+/// ones); its size when it did.
 fn release(dir: &Dir, name: &str) -> Option<u64> {
     let path = c_path("", name, "")?;
     let fd = unsafe {
@@ -124,13 +128,9 @@ fn release(dir: &Dir, name: &str) -> Option<u64> {
     if fd < 0 {
         return None; // removed meanwhile by a checkpoint: its pages went with it
     }
-    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-        | libc::SYNC_FILE_RANGE_WRITE
-        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
     let released = unsafe {
         libc::fstat(fd, &mut stat) == 0
-            && libc::sync_file_range(fd, 0, 0, flags) == 0
             && libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) == 0
     };
     unsafe { libc::close(fd) };
