@@ -102,7 +102,7 @@ pub fn init() {
     GucRegistry::define_bool_guc(
         c"ccm.os_cache_release_wal",
         c"Drops WAL that every reader has passed from the page cache.",
-        c"Once replayed (a standby) or flushed, sent to every walsender, past every replication slot and archived, WAL is read by nobody; dropping it (posix_fadvise DONTNEED) leaves that memory to relation pages instead of evicting them.",
+        c"Once replayed (a standby) or flushed, sent to every walsender, past every logical slot's restart_lsn and the logical WAL cache's window, and archived, WAL is read by nobody soon; dropping it (posix_fadvise DONTNEED) leaves that memory to relation pages instead of evicting them.",
         &OS_CACHE_RELEASE_WAL,
         GucContext::Postmaster,
         GucFlags::default(),
