@@ -79,16 +79,21 @@ pub fn init() {
 fn read_by_everyone(cache_pages: u64) -> Option<u64> {
     let (position, cache_start) = if unsafe { pg_sys::RecoveryInProgress() } {
         let replay = unsafe { pg_sys::GetXLogReplayRecPtr(std::ptr::null_mut()) };
-        (replay, 0)
+        (replay, None)
     } else {
         let flush = compat::wal_flush_position().0;
+        // 0 while less WAL than the cache's size was written: then all of it stays.
         let window = ccm_walcache::Window::newest(flush, cache_pages);
-        (flush, if cache_pages > 0 { window.start } else { 0 })
+        (flush, (cache_pages > 0).then_some(window.start))
     };
     let walsenders = slots::walsender_positions();
+    let logical_restart = slots::logical_restart_minimum();
     ccm_walcache::read_by_everyone(
         position,
-        [slots::logical_restart_minimum(), cache_start],
+        [
+            (logical_restart != 0).then_some(logical_restart),
+            cache_start,
+        ],
         walsenders.iter().map(|&(_, sent)| sent),
     )
 }

@@ -327,19 +327,17 @@ pub fn segment_file(name: &str, segment_size: u64) -> Option<(u32, u64)> {
 /// The WAL position below which nobody will read a node's WAL again: the lowest of the
 /// position its own work has reached (`position`: replay on a standby, the flush on a
 /// primary), the positions WAL is kept from for a later reader (`kept_from`: where decoding
-/// through a logical slot would start, where the logical WAL cache's window starts; 0 for
-/// none) and what each connected walsender has sent (`walsenders_sent`). None while a
-/// walsender has sent nothing yet: it may start anywhere.
+/// through a logical slot would start, where the logical WAL cache's window starts, which
+/// can be 0; None for none) and what each connected walsender has sent (`walsenders_sent`).
+/// None while a walsender has sent nothing yet: it may start anywhere.
 pub fn read_by_everyone(
     position: u64,
-    kept_from: impl IntoIterator<Item = u64>,
+    kept_from: impl IntoIterator<Item = Option<u64>>,
     walsenders_sent: impl IntoIterator<Item = u64>,
 ) -> Option<u64> {
     let mut limit = position;
-    for kept in kept_from {
-        if kept != 0 {
-            limit = limit.min(kept);
-        }
+    for kept in kept_from.into_iter().flatten() {
+        limit = limit.min(kept);
     }
     for sent in walsenders_sent {
         if sent == 0 {
@@ -625,25 +623,33 @@ mod tests {
 
     #[test]
     fn wal_is_read_by_everyone_below_the_slowest_reader() {
-        assert_eq!(read_by_everyone(900, [0, 0], []), Some(900));
+        assert_eq!(read_by_everyone(900, [None, None], []), Some(900));
         assert_eq!(
-            read_by_everyone(900, [400, 0], []),
+            read_by_everyone(900, [Some(400), None], []),
             Some(400),
             "a logical slot keeps its WAL"
         );
         assert_eq!(
-            read_by_everyone(900, [0, 600], []),
+            read_by_everyone(900, [None, Some(600)], []),
             Some(600),
             "so does the logical WAL cache"
         );
         assert_eq!(
-            read_by_everyone(900, [0, 0], [950, 700]),
+            read_by_everyone(900, [None, Some(0)], []),
+            Some(0),
+            "a cache window larger than the WAL written keeps all of it"
+        );
+        assert_eq!(
+            read_by_everyone(900, [None, None], [950, 700]),
             Some(700),
             "so does a walsender"
         );
-        assert_eq!(read_by_everyone(300, [400, 500], [950]), Some(300));
         assert_eq!(
-            read_by_everyone(900, [400, 0], [950, 0]),
+            read_by_everyone(300, [Some(400), Some(500)], [950]),
+            Some(300)
+        );
+        assert_eq!(
+            read_by_everyone(900, [Some(400), None], [950, 0]),
             None,
             "a walsender that sent nothing yet may start anywhere"
         );
