@@ -300,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
                         longest = max(longest, run.warm_before_window_s or 0.0)
     except KeyboardInterrupt as stop:
         say(f"interrupted ({stop or 'Ctrl-C'}): clusters, agent and cgroups removed")
+        if results:  # hours of runs are not thrown away: the tables of those that ended
+            say(f"the {len(results)} run(s) that ended before the interruption:")
+            write_outputs(results, fio, args, argv, started_wall, time.monotonic() - started)
         return 130
     finally:
         with demo.shielded():
