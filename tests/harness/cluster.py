@@ -295,9 +295,33 @@ class Node:
         if wait:
             self.wait_ready()
 
-    def stop(self, mode: str = "fast") -> None:
+    def stop(self, mode: str = "fast", timeout: int = 120) -> None:
         if self.is_running():
-            run_pg([str(self.bin / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "-t", "120", "stop"])
+            try:
+                run_pg([str(self.bin / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "-t", str(timeout), "stop"])
+            except RuntimeError as failure:
+                raise RuntimeError(f"{failure}\n{self.stuck_processes()}") from None
+
+    def stuck_processes(self) -> str:
+        """What a server that did not shut down is still running: its processes (their titles
+        say what each is), where each waits in the kernel and in PostgreSQL (a gdb backtrace),
+        and the end of its log; a shutdown that hangs once in a hundred runs is read from this."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return "(no postmaster.pid)"
+        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        lines = [subprocess.run(["ps", "-o", "pid,stat,wchan:30,etime,args", "-p", ",".join([str(pid), *children])],
+                                capture_output=True, text=True).stdout]
+        for child in children[:12]:
+            trace = subprocess.run(["timeout", "30", "gdb", "-p", child, "-batch", "-ex", "bt 25"],
+                                   capture_output=True, text=True)
+            lines.append(f"-- backtrace of {child}:\n" + "\n".join(
+                line for line in trace.stdout.splitlines() if line.startswith("#")))
+        try:
+            lines.append("-- end of the server log:\n" + "\n".join(self.logfile.read_text().splitlines()[-40:]))
+        except OSError as error:
+            lines.append(f"-- no server log: {error}")
+        return "\n".join(lines)
 
     def finish_crash_recovery(self) -> None:
         """Replays a crashed (stopped, not shut down) node's WAL and shuts it down cleanly,
