@@ -2,9 +2,9 @@
 //! catch races that are microseconds wide in production.
 //!
 //! Compiled only with the `failpoints` cargo feature (`scripts/install.sh --test-build`).
-//! A release build has neither this code nor its GUCs, `ccm.test_prewarm_delay_ms` and
-//! `ccm.test_feed_slice_delay_ms`: `SET` of either fails there as for any unknown parameter
-//! of a reserved prefix.
+//! A release build has neither this code nor its GUCs, `ccm.test_prewarm_delay_ms`,
+//! `ccm.test_feed_slice_delay_ms` and `ccm.test_wal_release_delay_ms`: `SET` of any of them
+//! fails there as for any unknown parameter of a reserved prefix.
 
 #[cfg(feature = "failpoints")]
 mod enabled {
@@ -16,6 +16,10 @@ mod enabled {
     /// `ccm.test_feed_slice_delay_ms`: how long each slice of a change-feed pass lasts more,
     /// under the feed's lock (where interrupts are held off).
     pub static FEED_SLICE_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+    /// `ccm.test_wal_release_delay_ms`: how long the WAL release worker sleeps before each
+    /// walk of pg_wal (read at its start: the worker takes no reload).
+    pub static WAL_RELEASE_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
     pub fn init() {
         GucRegistry::define_int_guc(
@@ -38,6 +42,27 @@ mod enabled {
             GucContext::Suset,
             GucFlags::UNIT_MS,
         );
+        GucRegistry::define_int_guc(
+            c"ccm.test_wal_release_delay_ms",
+            c"Test builds only: the WAL release worker sleeps this long before each walk of pg_wal.",
+            c"So that a shutdown request arrives just before the walk, whose every file asks whether to stop.",
+            &WAL_RELEASE_DELAY_MS,
+            0,
+            60_000,
+            GucContext::Sighup,
+            GucFlags::UNIT_MS,
+        );
+    }
+
+    /// Sleeps `ccm.test_wal_release_delay_ms`, saying so in the server log first (the tests
+    /// wait for that line); a signal ends the sleep early, and the walk that follows must see
+    /// it.
+    pub fn wal_release_delay() {
+        let delay = WAL_RELEASE_DELAY_MS.get();
+        if delay > 0 {
+            pgrx::warning!("pg_ccm failpoint: the WAL release worker sleeps {delay} ms before its walk of pg_wal");
+            unsafe { pg_sys::pg_usleep(i64::from(delay) * 1000) };
+        }
     }
 
     /// Sleeps `ccm.test_feed_slice_delay_ms` without answering interrupts (the caller holds
@@ -62,7 +87,7 @@ mod enabled {
 }
 
 #[cfg(feature = "failpoints")]
-pub use enabled::{feed_slice_delay, init, prewarm_delay};
+pub use enabled::{feed_slice_delay, init, prewarm_delay, wal_release_delay};
 
 #[cfg(not(feature = "failpoints"))]
 pub fn init() {}
@@ -76,3 +101,8 @@ pub fn prewarm_delay() {}
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn feed_slice_delay() {}
+
+/// A failpoint: does nothing in a release build.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn wal_release_delay() {}

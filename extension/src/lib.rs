@@ -6,6 +6,7 @@
 
 use pgrx::prelude::*;
 
+mod bgworker;
 mod block_list;
 mod buffers;
 mod call_shape;
@@ -18,7 +19,6 @@ mod failpoints;
 mod filter;
 mod gucs;
 mod hot_blocks;
-mod wal_release;
 mod os_cache;
 mod prewarm;
 mod prewarm_worker;
@@ -26,6 +26,7 @@ mod readahead;
 mod shmem;
 mod status;
 mod wal_cache;
+mod wal_release;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;

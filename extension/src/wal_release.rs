@@ -38,7 +38,8 @@
 //! mode, for a moment); a walsender that has sent nothing yet (0) holds everything back, and
 //! a stale value only keeps more WAL cached. The worker needs no database connection, touches
 //! no buffer, and holds one of max_worker_processes' slots. Without hot_standby it starts only
-//! when recovery ends.
+//! when recovery ends. Between the files of its walk it asks whether to stop without consuming
+//! the request (`bgworker::stop_requested`), so a fast shutdown never waits for it.
 
 use std::time::Duration;
 
@@ -47,7 +48,9 @@ use pgrx::bgworkers::{
 };
 use pgrx::prelude::*;
 
+use crate::bgworker::stop_requested;
 use crate::compat;
+use crate::failpoints;
 use crate::gucs;
 use crate::os_cache::{Dir, ExternalFd};
 use crate::wal_cache::{self, slots};
@@ -154,12 +157,13 @@ fn release_below(done_below: u64, below: u64, segment_size: u64) -> u64 {
     let Some(dir) = Dir::open("pg_wal") else {
         return done_below;
     };
+    failpoints::wal_release_delay();
     let (mut done, mut files, mut bytes) = (below, 0u64, 0u64);
     dir.for_each(|name| {
         let Some((_, segno)) = ccm_walcache::segment_file(name, segment_size) else {
             return;
         };
-        if segno < done_below || segno >= below || BackgroundWorker::sigterm_received() {
+        if segno < done_below || segno >= below || stop_requested() {
             return;
         }
         if awaiting_archive(&dir, name) {

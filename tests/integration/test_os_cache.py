@@ -22,6 +22,7 @@ never read them.
   once sent to the standby and past every logical slot's restart_lsn (not a physical slot's
   whose standby is away), a promoted standby's new WAL too; with ccm.os_cache_release_wal off
   the same WAL stays cached.
+- A fast shutdown requested while the WAL release worker walks pg_wal is not held up by it.
 """
 
 from __future__ import annotations
@@ -318,3 +319,32 @@ def test_wal_every_reader_has_passed_leaves_the_page_cache(release):
                      lambda: wal_cached_share(standby, promoted, flushed) < 0.05, timeout=30)
         else:
             assert wal_cached_share(primary, end=sent) > 0.8
+
+
+WALK_FAILPOINT = "pg_ccm failpoint: the WAL release worker sleeps"
+
+
+@pytest.mark.every_version
+def test_a_fast_shutdown_is_not_held_up_by_the_wal_release_worker():
+    # The test build's failpoint makes the WAL release worker sleep 3 s before each walk of
+    # pg_wal and say so in the log; the fast shutdown is requested during that sleep, so the
+    # walk that follows, over the segment files below the flush, asks at each file whether to
+    # stop. Asked through pgrx's sigterm_received() (the first version), that consumed the
+    # request: the main loop's wait_latch no longer saw it, and the postmaster waited for the
+    # worker forever (a CI rehearsal's pg_ctl stop timed out that way, on PostgreSQL 15).
+    with Cluster(settings={"ccm.test_wal_release_delay_ms": 3000}) as cluster:
+        primary = cluster.primary
+        primary.sql("CREATE TABLE walked (id int)")
+        for number in range(6):
+            primary.sql(f"INSERT INTO walked VALUES ({number})")
+            primary.sql("SELECT pg_switch_wal()")
+        cluster.wait_caught_up()
+        offset = primary.logfile.stat().st_size
+
+        def walking() -> bool:
+            with open(primary.logfile, "rb") as log:
+                log.seek(offset)
+                return WALK_FAILPOINT in log.read().decode(errors="replace")
+
+        wait_for("the WAL release worker to be about to walk pg_wal", walking, timeout=30, interval=0.05)
+        primary.stop(timeout=30)  # raises, with the processes still running, if it does not stop

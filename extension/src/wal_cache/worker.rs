@@ -20,29 +20,10 @@ use pgrx::prelude::*;
 use super::segments::{os_page_size, raise_lock_limit, SegmentCache};
 use super::shared::{self, CacheView};
 use super::slots;
+use crate::bgworker::stop_requested;
 use crate::compat;
 
 const TICK: Duration = Duration::from_millis(10);
-
-/// Whether the worker should stop what it is doing and leave: SIGTERM, or the postmaster
-/// died. pgrx's SIGTERM handler sets `ShutdownRequestPending` and the latch; neither is
-/// consumed here, so the main loop's `wait_latch` then returns false at once.
-fn stop_requested() -> bool {
-    pg_sys::check_for_interrupts!();
-    unsafe {
-        if std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) != 0 {
-            return true;
-        }
-        // Without WL_LATCH_SET and with a zero timeout this only polls for postmaster death.
-        let events = pg_sys::WaitLatch(
-            std::ptr::null_mut(),
-            (pg_sys::WL_TIMEOUT | pg_sys::WL_POSTMASTER_DEATH) as i32,
-            0,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
-        events & pg_sys::WL_POSTMASTER_DEATH as i32 != 0
-    }
-}
 
 fn kilobytes(bytes: u64) -> String {
     format!("{} kB", bytes / 1024)
