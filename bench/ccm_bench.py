@@ -57,7 +57,6 @@ import random
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -179,13 +178,11 @@ def restart_standby_with(cluster: Cluster, io_method: str) -> str | None:
     standby = cluster.standby
     standby.stop()
     standby.write_settings({"io_method": f"'{io_method}'"})
-    logged = standby.logfile.stat().st_size if standby.logfile.exists() else 0
+    logged = standby.log_size()
     try:
         standby.start()
     except RuntimeError:
-        with open(standby.logfile, errors="replace") as log:
-            log.seek(logged)
-            fatal = [line.strip() for line in log if "FATAL" in line]
+        fatal = [line.strip() for line in standby.log_lines_since(logged, "FATAL")]
         standby.write_settings({"io_method": "'worker'"})
         standby.start()
         return fatal[-1] if fatal else "the server did not start"
@@ -408,9 +405,8 @@ def standby_read_bytes(node: Node) -> tuple[int | None, dict[int, int]]:
     with node.connect() as conn:
         startup, me = conn.execute("SELECT (SELECT pid FROM pg_stat_activity WHERE backend_type = 'startup'), "
                                    "pg_backend_pid()").fetchone()
-        listed = subprocess.run(["pgrep", "-P", str(node.postmaster_pid())], capture_output=True, text=True).stdout
         counts: dict[int, int] = {}
-        for pid in map(int, listed.split()):
+        for pid in node.child_pids():
             if pid == me:
                 continue
             try:

@@ -264,6 +264,17 @@ class Node:
     def logfile(self) -> Path:
         return self.base / f"{self.name}.log"
 
+    def log_size(self) -> int:
+        """Where the server log ends now: an offset for `log_lines_since`."""
+        return self.logfile.stat().st_size if self.logfile.exists() else 0
+
+    def log_lines_since(self, offset: int, needle: str) -> list[str]:
+        """The server log's lines after `offset` (from `log_size`) that contain `needle`."""
+        with open(self.logfile, "rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+        return [line for line in text.splitlines() if needle in line]
+
     def conninfo(self, dbname: str = "postgres", user: str = "postgres", **extra: Any) -> str:
         parts = {"host": "127.0.0.1", "port": self.port, "dbname": dbname, "user": user, **extra}
         return " ".join(f"{key}={value}" for key, value in parts.items())
@@ -309,7 +320,7 @@ class Node:
         pid = self.postmaster_pid()
         if pid is None:
             return "(no postmaster.pid)"
-        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        children = [str(child) for child in self.child_pids()]
         lines = [subprocess.run(["ps", "-o", "pid,stat,wchan:30,etime,args", "-p", ",".join([str(pid), *children])],
                                 capture_output=True, text=True).stdout]
         for child in children[:12]:
@@ -352,14 +363,21 @@ class Node:
         pid = self.postmaster_pid()
         return pid is not None and _alive(pid)
 
+    def child_pids(self) -> list[int]:
+        """The pids of the postmaster's children (its server processes), none without one."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return []
+        listed = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+        return [int(child) for child in listed.split()]
+
     def kill(self) -> None:
         """SIGKILL the postmaster, as a crash would, and wait until its children are gone
         (they notice the postmaster's death on their own, as after a real crash)."""
         pid = self.postmaster_pid()
         if pid is None:
             return
-        listed = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-        processes = [pid, *(int(child) for child in listed.split())]
+        processes = [pid, *self.child_pids()]
         os.kill(pid, signal.SIGKILL)
         wait_for(f"{self.name}'s processes to end after SIGKILL", lambda: not any(_alive(p) for p in processes),
                  timeout=30, interval=0.1)

@@ -43,17 +43,6 @@ def lock_out_the_agent(cluster: Cluster, node: Node) -> None:
     node.sql("SELECT pg_reload_conf()")
 
 
-def log_size(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0
-
-
-def lines_since(path: Path, offset: int, needle: str) -> list[str]:
-    with open(path, "rb") as log:
-        log.seek(offset)
-        text = log.read().decode(errors="replace")
-    return [line for line in text.splitlines() if needle in line]
-
-
 def agent_lines(agent: AgentProcess, level: str, needle: str) -> list[str]:
     return [line for line in agent.log().splitlines() if re.search(rf"Z\s+{level} ", line) and needle in line]
 
@@ -72,7 +61,7 @@ def count_refusals(agent: AgentProcess, node: Node, offset: int) -> tuple[int, i
     time.sleep(WINDOW)
     assert agent.alive(), agent.log()[-3000:]
     ran = time.monotonic() - started
-    attempts = len(lines_since(node.logfile, offset, REFUSED))
+    attempts = len(node.log_lines_since(offset, REFUSED))
     bound = RAMP + int(ran // MAX_BACKOFF) + 1
     print(f"\n{node.name}: {attempts} refused logins in {ran:.0f} s with max_backoff {MAX_BACKOFF} s "
           f"(bound {bound})")
@@ -81,7 +70,7 @@ def count_refusals(agent: AgentProcess, node: Node, offset: int) -> tuple[int, i
 
 def test_a_wrong_password_is_tried_once_per_max_backoff_and_told_once(cluster, log_dir):
     lock_out_the_agent(cluster, cluster.standby)
-    offset = log_size(cluster.standby.logfile)
+    offset = cluster.standby.log_size()
     standby = cluster.standby.conninfo(user=ROLE, password="wrong")
     with agent_with_backoff(cluster.primary.conninfo(), standby, log_dir) as agent:
         attempts, bound, ran = count_refusals(agent, cluster.standby, offset)
@@ -102,7 +91,7 @@ def test_a_wrong_password_is_tried_once_per_max_backoff_and_told_once(cluster, l
 def test_a_standby_that_refuses_the_login_is_tried_rarely_while_the_other_is_warmed(cluster, log_dir):
     second = cluster.add_standby("standby2")
     lock_out_the_agent(cluster, second)
-    offset = log_size(second.logfile)
+    offset = second.log_size()
     # One string for both standbys: the first trusts the role, the second wants its password.
     standbys = multi_host_conninfo([cluster.standby, second], user=ROLE, password="wrong")
     with agent_with_backoff(cluster.primary.conninfo(), standbys, log_dir) as agent:

@@ -339,12 +339,7 @@ def test_a_fast_shutdown_is_not_held_up_by_the_wal_release_worker():
             primary.sql(f"INSERT INTO walked VALUES ({number})")
             primary.sql("SELECT pg_switch_wal()")
         cluster.wait_caught_up()
-        offset = primary.logfile.stat().st_size
-
-        def walking() -> bool:
-            with open(primary.logfile, "rb") as log:
-                log.seek(offset)
-                return WALK_FAILPOINT in log.read().decode(errors="replace")
-
-        wait_for("the WAL release worker to be about to walk pg_wal", walking, timeout=30, interval=0.05)
+        offset = primary.log_size()
+        wait_for("the WAL release worker to be about to walk pg_wal",
+                 lambda: primary.log_lines_since(offset, WALK_FAILPOINT), timeout=30, interval=0.05)
         primary.stop(timeout=30)  # raises, with the processes still running, if it does not stop

@@ -36,7 +36,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 from contextlib import contextmanager
@@ -86,8 +85,7 @@ def silenced(node: Node) -> Iterator[list[int]]:
     stopped = [postmaster]
     os.kill(postmaster, signal.SIGSTOP)  # first: it forks no more children
     try:
-        listed = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout
-        for child in map(int, listed.split()):
+        for child in node.child_pids():
             try:
                 os.kill(child, signal.SIGSTOP)
                 stopped.append(child)
