@@ -324,13 +324,33 @@ def check_the_window_survives_eviction(primary: Node, cache_pages: int) -> None:
             assert resident_bytes(path) == 0, f"{name}, before the window, should have been dropped"
 
 
+def wait_locked(primary: Node, blocks: int, what: str) -> tuple[dict, str]:
+    """Waits until the cache reports `blocks` pages locked and the kernel's count of the
+    worker's locked memory (VmLck) is those pages, in one sample; returns the cache's status
+    and the worker's /proc status. While WAL is still written (the checkpoint and autovacuum
+    after pgbench -i), a tick unlocks the pages that leave the window before it locks the new
+    ones, so two separate reads can fall on either side of that."""
+    seen: list[int] = []
+
+    def sample() -> tuple[dict, str] | None:
+        status = wal_cache_status(primary)
+        worker_status = Path(f"/proc/{status['worker_pid']}/status").read_text()
+        locked_kb = int(re.search(r"VmLck:\s+(\d+) kB", worker_status).group(1))
+        seen[:] = [status["locked_blocks"], locked_kb]
+        return (status, worker_status) if seen == [blocks, blocks * 8] else None
+
+    try:
+        return primary.wait_until(sample, what)
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}; last seen: {seen[0]} pages locked, VmLck {seen[1]} kB") from None
+
+
 def test_a_low_memory_lock_limit_locks_the_newest_pages_only():
     # The default cache is 16 MB; lower the server's RLIMIT_MEMLOCK to 4 MB (raising it
     # would need CAP_SYS_RESOURCE, which these machines' root lacks).
     with primary_only(memlock=str(4 * 1024 * 1024)) as primary:
         pgbench(primary, "-i", "-s", "3", "-q")
-        primary.wait_until(lambda: wal_cache_status(primary)["locked_blocks"] == 512, "the lock limit's 512 pages locked")
-        status = wal_cache_status(primary)
+        status, _ = wait_locked(primary, 512, "the lock limit's 512 pages locked")
         limits = Path(f"/proc/{status['worker_pid']}/limits").read_text()
         assert re.search(r"Max locked memory\s+4194304\s+4194304", limits), limits
         assert status["mode"] == "partly locked", status
@@ -338,8 +358,6 @@ def test_a_low_memory_lock_limit_locks_the_newest_pages_only():
         assert status["locked_blocks"] == 512
         # The rest of the window is held while it stays resident.
         assert 512 < status["held_blocks"] <= 2048
-        locked_kb = int(re.search(r"VmLck:\s+(\d+) kB", Path(f"/proc/{status['worker_pid']}/status").read_text()).group(1))
-        assert locked_kb == 4096
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="granting CAP_IPC_LOCK to the server needs root")
@@ -348,15 +366,11 @@ def test_cap_ipc_lock_locks_the_whole_cache_beyond_the_memory_lock_limit():
     # here held at 4 MB under the default 16 MB cache.
     with primary_only(memlock=str(4 * 1024 * 1024), ipc_lock=True) as primary:
         pgbench(primary, "-i", "-s", "3", "-q")
-        primary.wait_until(lambda: wal_cache_status(primary)["locked_blocks"] == 2048, "the whole cache locked")
-        status = wal_cache_status(primary)
-        worker_status = Path(f"/proc/{status['worker_pid']}/status").read_text()
+        status, worker_status = wait_locked(primary, 2048, "the whole cache locked")
         assert int(re.search(r"CapEff:\s+([0-9a-f]+)", worker_status).group(1), 16) & (1 << 14), worker_status
         assert status["mode"] == "locked", status
         assert status["lock_limit_bytes"] is None
         assert status["locked_blocks"] == status["held_blocks"] == 2048
-        locked_kb = int(re.search(r"VmLck:\s+(\d+) kB", worker_status).group(1))
-        assert locked_kb == 16 * 1024
         check_the_window_survives_eviction(primary, 2048)
 
 
