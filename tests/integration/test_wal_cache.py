@@ -338,7 +338,7 @@ def wait_locked(primary: Node, blocks: int, what: str) -> tuple[dict, str]:
         worker_status = Path(f"/proc/{status['worker_pid']}/status").read_text()
         locked_kb = int(re.search(r"VmLck:\s+(\d+) kB", worker_status).group(1))
         seen[:] = [status["locked_blocks"], locked_kb]
-        return (status, worker_status) if seen == [blocks, blocks * 8] else None
+        return (status, worker_status) if seen == [blocks, blocks * PAGE // 1024] else None
 
     return wait_for(f"{primary.name}: {what}", sample, timeout=60, interval=0.1,
                     describe=lambda: f"last seen: {seen[0]} pages locked, VmLck {seen[1]} kB")
