@@ -184,11 +184,19 @@ async fn a_standby_silent_for_long_is_shown_down_and_comes_back() {
     c.warm(&[0, 1]).await;
     assert_eq!(c.up(1), 1.0);
     fake::lock(&c.standbys[1]).silent = true;
+    // Past its call's deadline (3 s) and into its reconnects (1 s each): no cycle of the
+    // other waits for it longer than the first step's wait (a second).
     let started = Instant::now();
+    let mut longest = Duration::ZERO;
     while started.elapsed() < Duration::from_millis(5600) {
-        c.cycle().await;
+        let (_, took) = c.cycle().await;
+        longest = longest.max(took);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    assert!(
+        longest < Duration::from_millis(1500),
+        "a cycle took {longest:?}"
+    );
     assert_eq!(c.up(1), 0.0, "silent for over 5 s");
     assert_eq!(c.up(0), 1.0);
     // Its task ended at its call's deadline; once it answers, a new session finds it.
