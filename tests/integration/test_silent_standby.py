@@ -39,6 +39,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -151,16 +152,32 @@ def watch_cadence(agent: AgentProcess, standbys: list[Node], seconds: float) -> 
     return Sampling("the agent's per-standby traffic", sample, seconds, interval=0.1)
 
 
-def cadence(samples: list[tuple[float, dict[str, float]]], standby: Node) -> dict[str, float]:
+def cadence(samples: list[tuple[float, dict[str, float]]], standby: Node) -> dict[str, Any]:
     """The cycles that served `standby` in the sampled window (rises of its byte counter),
-    the mean time per cycle, and the longest time without one (the window's ends count)."""
+    the mean time per cycle, and the longest time without one (the window's ends count), with
+    when it was in wall-clock time (the agent's log is in UTC), to find what the agent did then."""
     start, end = samples[0][0], samples[-1][0]
     rises = [t for (_, before), (t, after) in zip(samples, samples[1:]) if after[standby.name] > before[standby.name]]
     marks = [start, *rises, end]
     window = end - start
+    gap_start, gap_end = max(zip(marks, marks[1:]), key=lambda pair: pair[1] - pair[0])
+    to_wall = time.time() - time.monotonic()
     return {"served": len(rises), "window": round(window, 1),
             "seconds_per_cycle": round(window / len(rises), 2) if rises else float("inf"),
-            "longest_gap": round(max(b - a for a, b in zip(marks, marks[1:])), 1)}
+            "longest_gap": round(gap_end - gap_start, 1),
+            "longest_gap_utc": (gap_start + to_wall, gap_end + to_wall)}
+
+
+def log_between(agent: AgentProcess, span: tuple[float, float], margin: float = 1.0) -> list[str]:
+    """The agent's log lines stamped within `span` (wall-clock seconds), `margin` s either side."""
+    lines = []
+    for line in agent.log().splitlines():
+        stamp = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line)
+        if stamp:
+            at = datetime.fromisoformat(stamp.group(1)).replace(tzinfo=timezone.utc).timestamp()
+            if span[0] - margin <= at <= span[1] + margin:
+                lines.append(line)
+    return lines
 
 
 def relfilenode(node: Node, table: str) -> int:
@@ -263,6 +280,15 @@ def failures(figures: dict[str, Any], healthy: list[Node]) -> list[str]:
     return found
 
 
+def gap_log(agent: AgentProcess, windows: list[dict[str, Any]], healthy: list[Node]) -> str:
+    """What the agent logged around each longest gap that broke the bound: the evidence of
+    what held the healthy standbys up."""
+    spans = sorted({w[s.name]["longest_gap_utc"] for w in windows for s in healthy
+                    if w[s.name]["longest_gap"] > LONGEST_GAP * INTERVAL})
+    lines = [line for span in spans for line in log_between(agent, span)]
+    return "\nthe agent's log around the gap:\n" + "\n".join(dict.fromkeys(lines)) if lines else ""
+
+
 # -- the test --------------------------------------------------------------------------------
 
 def test_a_silent_standby_does_not_slow_the_others(cluster, load_factory, log_dir):
@@ -301,7 +327,7 @@ def test_a_silent_standby_does_not_slow_the_others(cluster, load_factory, log_di
         # The control: nothing silenced, the same measurements.
         control = measure(agent, primary, healthy, tables[0], rels, CONTROL_WINDOW)
         print(f"control (no standby silenced): {control}")
-        assert not failures(control, healthy), f"{failures(control, healthy)}\n{control}"
+        assert not failures(control, healthy), f"{failures(control, healthy)}\n{control}{gap_log(agent, [control], healthy)}"
 
         with silenced(silent):
             silenced_at = time.monotonic()
@@ -328,7 +354,8 @@ def test_a_silent_standby_does_not_slow_the_others(cluster, load_factory, log_di
             if not any(re.search(r"timed out|time ?out|no answer|not answer|unresponsive|deadline", line, re.I)
                        for line in said):
                 found.append(f"no warning names {name(silent)} with a reason: {said[:3]}")
-            assert not found, "\n".join(found) + f"\nfigures: {figures}\ncontrol: {control}"
+            assert not found, ("\n".join(found) + f"\nfigures: {figures}\ncontrol: {control}"
+                               + gap_log(agent, [figures["first"], figures["later"]], healthy))
 
         # It answers again: the same agent warms it, the table made hot meanwhile included.
         agent.wait_for(lambda: standby_metric(agent, "ccm_agent_standby_up", silent) == 1,
