@@ -25,8 +25,8 @@ the bytes its session with that standby carried, as the agent counts them once p
 rise is one cycle that talked to that standby. It is sampled every 0.1 s through the window;
 the served count must be at least window / (1.5 x interval), and the longest time without a
 rise at most 7 intervals. Hot blocks and coverage are measured with pg_buffercache on the
-nodes. The same measurements are first taken with no standby silenced (the control), so that a failure
-in the silent window is the silent standby's doing, not the machine's.
+nodes. The same measurements are first taken with no standby silenced (the control), so that
+a failure in the silent window is the silent standby's doing, not the machine's.
 
 The agent that visits the standbys one after another fails this: its call to the silent
 standby stalls the whole cycle for statement_timeout + connect_timeout (the first window),
