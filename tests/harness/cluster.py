@@ -19,7 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import psycopg
 
@@ -421,8 +421,9 @@ class Node:
     def in_recovery(self) -> bool:
         return bool(self.one("SELECT pg_is_in_recovery()"))
 
-    def wait_until(self, predicate, what: str, timeout: float = 60, interval: float = 0.1) -> Any:
-        return wait_for(f"{self.name}: {what}", predicate, timeout=timeout, interval=interval)
+    def wait_until(self, predicate, what: str, timeout: float = 60, interval: float = 0.1,
+                   describe: Callable[[], str] | None = None) -> Any:
+        return wait_for(f"{self.name}: {what}", predicate, timeout=timeout, interval=interval, describe=describe)
 
     # -- caches ----------------------------------------------------------------------
 

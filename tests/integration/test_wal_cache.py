@@ -21,7 +21,6 @@ from harness.cgroups import BlkioThrottle, MemoryCgroup, controller_available, d
 from harness.cluster import Cluster, Node, pgbench, run_pg
 from harness.logical import (PAGE, Recvlogical, lsn_to_int, pages_between, resident_bytes,
                              wal_cache_row, wal_cache_status)
-from harness.wait import wait_for
 
 # The extension's own code paths: on every version, the assertion-enabled one included.
 pytestmark = pytest.mark.every_version
@@ -340,8 +339,7 @@ def wait_locked(primary: Node, blocks: int, what: str) -> tuple[dict, str]:
         seen[:] = [status["locked_blocks"], locked_kb]
         return (status, worker_status) if seen == [blocks, blocks * PAGE // 1024] else None
 
-    return wait_for(f"{primary.name}: {what}", sample, timeout=60, interval=0.1,
-                    describe=lambda: f"last seen: {seen[0]} pages locked, VmLck {seen[1]} kB")
+    return primary.wait_until(sample, what, describe=lambda: f"last seen: {seen[0]} pages locked, VmLck {seen[1]} kB")
 
 
 def test_a_low_memory_lock_limit_locks_the_newest_pages_only():
